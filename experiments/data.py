@@ -1,0 +1,146 @@
+"""Offline token data: the default corpus, user text files and nanoGPT-style token files.
+
+Nothing is downloaded. The default corpus is the bytes of the running interpreter's standard-library
+``.py`` files (a fixed, sorted list; vocabulary 256), which exists wherever the project runs; its
+size and sha256 identify it in every result. Batches are a pure function of ``(seed, step)``, so a
+resumed run sees exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import pathlib
+import sysconfig
+
+import numpy as np
+
+DEFAULT_CORPUS_BYTES = 8 * 2**20  # the first 8 MiB of the sorted file list
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """Token arrays for training and validation.
+
+  Attributes:
+    train: 1-D integer array of training tokens.
+    valid: 1-D integer array of validation tokens.
+    vocab_size: number of distinct token ids the model must embed.
+    name: where the tokens came from.
+    sha256: hash of the source bytes.
+  """
+
+  train: np.ndarray
+  valid: np.ndarray
+  vocab_size: int
+  name: str
+  sha256: str
+
+  @property
+  def num_tokens(self) -> int:
+    return len(self.train) + len(self.valid)
+
+  def batch(self, seed: int, step: int, batch_size: int, context: int, split: str = "train"):
+    """Batch ``step`` of the stream ``seed``: ``(inputs, targets)`` int32 arrays (batch, context).
+
+    A pure function of its arguments: windows start at offsets drawn from a NumPy generator seeded
+    with ``(seed, step, split)``.
+    """
+    tokens = {"train": self.train, "valid": self.valid}[split]
+    rng = np.random.default_rng([seed, step, 0 if split == "train" else 1])
+    starts = rng.integers(0, len(tokens) - context - 1, size=batch_size)
+    windows = np.stack([np.asarray(tokens[s:s + context + 1]) for s in starts]).astype(np.int32)
+    return windows[:, :-1], windows[:, 1:]
+
+  def batches(self, seed: int, first_step: int, num_steps: int, batch_size: int, context: int):
+    """Batches ``first_step .. first_step + num_steps - 1`` stacked on a leading axis."""
+    xs, ys = zip(*(self.batch(seed, first_step + i, batch_size, context) for i in range(num_steps)))
+    return np.stack(xs), np.stack(ys)
+
+
+def _split(tokens: np.ndarray, valid_fraction: float, context: int, name: str):
+  n_valid = int(len(tokens) * valid_fraction)
+  need = 2 * (context + 2)
+  train, valid = tokens[:len(tokens) - n_valid], tokens[len(tokens) - n_valid:]
+  if min(len(train), len(valid)) < context + 2:
+    raise ValueError(
+        f"{name} has {len(tokens)} tokens: too short for context {context} with a "
+        f"{valid_fraction:.0%} validation split (need at least {need} tokens in each split, "
+        f"about {int(need / max(valid_fraction, 1e-9))} in all)")
+  return train, valid
+
+
+def stdlib_files() -> list[pathlib.Path]:
+  """The standard library's ``.py`` files in sorted order (site-packages excluded)."""
+  root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+  return sorted(p for p in root.rglob("*.py")
+                if "site-packages" not in p.parts and "dist-packages" not in p.parts and p.is_file())
+
+
+def default_corpus(context: int, valid_fraction: float = 0.1,
+                   max_bytes: int = DEFAULT_CORPUS_BYTES) -> Dataset:
+  """The default corpus: standard-library source bytes, vocabulary 256."""
+  chunks, size = [], 0
+  for path in stdlib_files():
+    data = path.read_bytes()
+    chunks.append(data[:max_bytes - size])
+    size += len(chunks[-1])
+    if size >= max_bytes:
+      break
+  raw = b"".join(chunks)
+  if not raw:
+    raise ValueError(f"no standard-library .py files found under {sysconfig.get_paths()['stdlib']}")
+  tokens = np.frombuffer(raw, dtype=np.uint8)
+  train, valid = _split(tokens, valid_fraction, context, "the default corpus")
+  return Dataset(train, valid, 256, f"python{sysconfig.get_python_version()}-stdlib",
+                 hashlib.sha256(raw).hexdigest())
+
+
+def _check_file(path) -> pathlib.Path:
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+  if path.stat().st_size == 0:
+    raise ValueError(f"data file {str(path)!r} is empty")
+  return path
+
+
+def _sha256(path: pathlib.Path) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(2**20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def text_file(path, context: int, valid_fraction: float = 0.1) -> Dataset:
+  """A text (any bytes) file as byte tokens, vocabulary 256."""
+  path = _check_file(path)
+  tokens = np.fromfile(path, dtype=np.uint8)
+  train, valid = _split(tokens, valid_fraction, context, f"data file {str(path)!r}")
+  return Dataset(train, valid, 256, str(path), _sha256(path))
+
+
+def token_file(path, context: int, vocab_size: int, valid_fraction: float = 0.1) -> Dataset:
+  """A nanoGPT-style ``.bin`` file of uint16 token ids (memory-mapped)."""
+  path = _check_file(path)
+  if path.stat().st_size % 2:
+    raise ValueError(f"token file {str(path)!r} has an odd size: not a uint16 array")
+  if not 1 <= vocab_size <= 2**16:
+    raise ValueError(f"vocab_size for a uint16 token file must be in [1, 65536], got {vocab_size}")
+  tokens = np.memmap(path, dtype=np.uint16, mode="r")
+  top = int(tokens[:2**22].max())
+  if top >= vocab_size:
+    raise ValueError(f"token file {str(path)!r} holds token id {top} >= vocab_size {vocab_size}")
+  train, valid = _split(tokens, valid_fraction, context, f"token file {str(path)!r}")
+  return Dataset(train, valid, vocab_size, str(path), _sha256(path))
+
+
+def load(path, context: int, vocab_size: int | None = None, valid_fraction: float = 0.1) -> Dataset:
+  """``None``: the default corpus; ``*.bin``: uint16 tokens (needs vocab_size, default 50257 for
+  GPT-2 tokens); anything else: a byte-level text file."""
+  if path is None:
+    return default_corpus(context, valid_fraction)
+  if str(path).endswith(".bin"):
+    return token_file(path, context, vocab_size or 50257, valid_fraction)
+  return text_file(path, context, valid_fraction)

@@ -1,0 +1,289 @@
+"""Decoder-only Transformer (Flax NNX) and its split into pipeline stages.
+
+The model is the paper's: learned position embeddings, pre-LayerNorm blocks, a ReLU MLP of width
+4x, an untied output head, every weight initialised N(0, 0.02). An optional mixture-of-experts MLP
+(top-k routing, Switch-style load-balancing loss) serves the MoE experiment.
+
+Pure-function view: ``params = nnx.split(model, nnx.Param)[1].to_pure_dict()`` is a nested dict;
+``forward(graphdef, params, tokens)`` runs it. ``stage_labels`` gives every leaf its pipeline stage
+and ``stage_functions`` returns P functions ``(stage_params, activations) -> activations`` whose
+composition is the full forward. Activations between stages are ``(hidden, aux_loss)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+_INIT = nnx.initializers.normal(stddev=0.02)
+_ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shape of the Transformer.
+
+  Attributes:
+    num_blocks: number of Transformer blocks.
+    width: residual stream width.
+    num_heads: attention heads (must divide ``width``).
+    context: maximum sequence length (learned position embeddings).
+    vocab_size: token vocabulary.
+    mlp_ratio: MLP hidden width as a multiple of ``width``.
+    activation: MLP nonlinearity, one of ``relu``, ``gelu``, ``silu``.
+    num_experts: 0 for a dense MLP, else the number of MoE experts.
+    top_k: experts per token when ``num_experts > 0``.
+  """
+
+  num_blocks: int = 32
+  width: int = 384
+  num_heads: int = 6
+  context: int = 512
+  vocab_size: int = 50257
+  mlp_ratio: int = 4
+  activation: str = "relu"
+  num_experts: int = 0
+  top_k: int = 2
+
+  def __post_init__(self):
+    for name in ("num_blocks", "width", "num_heads", "context", "vocab_size", "mlp_ratio"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+    if self.width % self.num_heads:
+      raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
+    if self.activation not in _ACTIVATIONS:
+      raise ValueError(f"unknown activation {self.activation!r}; choose from {sorted(_ACTIVATIONS)}")
+    if self.num_experts < 0 or (self.num_experts and not 1 <= self.top_k <= self.num_experts):
+      raise ValueError(
+          f"need num_experts >= 0 and 1 <= top_k <= num_experts, got {self.num_experts}, {self.top_k}")
+
+
+CONFIGS = {
+    # The paper's 95M model (about 95.6M parameters).
+    "paper-95m": ModelConfig(),
+    # CPU configs: deep and narrow, so that many pipeline stages fit.
+    "cpu-tiny": ModelConfig(num_blocks=4, width=32, num_heads=2, context=32, vocab_size=256),
+    "cpu-small": ModelConfig(num_blocks=16, width=64, num_heads=4, context=64, vocab_size=256),
+    "cpu-moe": ModelConfig(num_blocks=8, width=64, num_heads=4, context=64, vocab_size=256,
+                           num_experts=4, top_k=2),
+}
+
+
+def _linear(n_in, n_out, rngs):
+  return nnx.Linear(n_in, n_out, kernel_init=_INIT, bias_init=nnx.initializers.zeros, rngs=rngs)
+
+
+class Attention(nnx.Module):
+  """Causal multi-head self-attention."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.num_heads = cfg.num_heads
+    self.q = _linear(cfg.width, cfg.width, rngs)
+    self.k = _linear(cfg.width, cfg.width, rngs)
+    self.v = _linear(cfg.width, cfg.width, rngs)
+    self.o = _linear(cfg.width, cfg.width, rngs)
+
+  def __call__(self, x):
+    b, t, d = x.shape
+    split = lambda y: y.reshape(b, t, self.num_heads, d // self.num_heads)
+    q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d // self.num_heads).astype(x.dtype)
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
+    out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), v)
+    return self.o(out.reshape(b, t, d))
+
+
+class Mlp(nnx.Module):
+  """Dense MLP ``act(x W1) W2``."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.act = _ACTIVATIONS[cfg.activation]
+    self.fc1 = _linear(cfg.width, cfg.mlp_ratio * cfg.width, rngs)
+    self.fc2 = _linear(cfg.mlp_ratio * cfg.width, cfg.width, rngs)
+
+  def __call__(self, x):
+    return self.fc2(self.act(self.fc1(x)))
+
+
+class MoeMlp(nnx.Module):
+  """Top-k mixture of dense MLP experts with the Switch Transformer load-balancing loss.
+
+  Every expert is evaluated densely and combined with the (renormalised) top-k gates, which is
+  exact and cheap at the small expert counts used here. Returns ``(output, aux_loss)`` where
+  ``aux_loss = E * sum_e f_e * p_e`` (``f_e``: share of routing slots sent to expert e, ``p_e``: mean
+  router probability of e); it equals 1 for perfectly uniform routing.
+  """
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.top_k = cfg.top_k
+    self.router = _linear(cfg.width, cfg.num_experts, rngs)
+    self.experts = nnx.List([Mlp(cfg, rngs) for _ in range(cfg.num_experts)])
+
+  def routing(self, x):
+    """Returns (gates (..., E) with exactly top_k non-zeros per token, router probabilities)."""
+    probs = jax.nn.softmax(self.router(x).astype(jnp.float32), axis=-1)
+    top_p, top_i = jax.lax.top_k(probs, self.top_k)
+    top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+    num_experts = probs.shape[-1]
+    gates = jnp.sum(jax.nn.one_hot(top_i, num_experts) * top_p[..., None], axis=-2)
+    return gates, probs
+
+  def __call__(self, x):
+    gates, probs = self.routing(x)
+    outs = jnp.stack([expert(x) for expert in self.experts], axis=-2)  # (..., E, width)
+    y = jnp.sum(outs * gates[..., None].astype(outs.dtype), axis=-2)
+    num_experts = probs.shape[-1]
+    share = jnp.mean((gates > 0).astype(jnp.float32), axis=tuple(range(gates.ndim - 1))) / self.top_k
+    mean_prob = jnp.mean(probs, axis=tuple(range(probs.ndim - 1)))
+    return y, num_experts * jnp.sum(share * mean_prob)
+
+
+class Block(nnx.Module):
+  """Pre-LN block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``; returns (x, aux_loss)."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.ln1 = nnx.LayerNorm(cfg.width, rngs=rngs)
+    self.attn = Attention(cfg, rngs)
+    self.ln2 = nnx.LayerNorm(cfg.width, rngs=rngs)
+    self.mlp = MoeMlp(cfg, rngs) if cfg.num_experts else Mlp(cfg, rngs)
+
+  def __call__(self, x):
+    x = x + self.attn(self.ln1(x))
+    out = self.mlp(self.ln2(x))
+    y, aux = out if isinstance(out, tuple) else (out, jnp.zeros((), jnp.float32))
+    return x + y, aux
+
+
+class Embedding(nnx.Module):
+  """Token plus learned position embeddings."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.tok = nnx.Embed(cfg.vocab_size, cfg.width, embedding_init=_INIT, rngs=rngs)
+    self.pos = nnx.Embed(cfg.context, cfg.width, embedding_init=_INIT, rngs=rngs)
+
+  def __call__(self, tokens):
+    return self.tok(tokens) + self.pos(jnp.arange(tokens.shape[-1]))
+
+
+class Head(nnx.Module):
+  """Final LayerNorm and untied output projection."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.ln_f = nnx.LayerNorm(cfg.width, rngs=rngs)
+    self.out = _linear(cfg.width, cfg.vocab_size, rngs)
+
+  def __call__(self, x):
+    return self.out(self.ln_f(x))
+
+
+class Transformer(nnx.Module):
+  """Decoder-only Transformer; ``model(tokens) -> (logits, aux_loss)``."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = Embedding(cfg, rngs)
+    self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_blocks)])
+    self.head = Head(cfg, rngs)
+
+  def __call__(self, tokens):
+    x, aux = self.embed(tokens), jnp.zeros((), jnp.float32)
+    for block in self.blocks:
+      x, a = block(x)
+      aux = aux + a
+    return self.head(x), aux
+
+
+def init(cfg: ModelConfig, seed: int = 0):
+  """Returns ``(graphdef, params)`` with ``params`` a nested dict of arrays."""
+  graphdef, state = nnx.split(Transformer(cfg, nnx.Rngs(seed)), nnx.Param)
+  return graphdef, nnx.to_pure_dict(state)
+
+
+def abstract_params(cfg: ModelConfig):
+  """Parameter shapes (``jax.ShapeDtypeStruct``) without allocating anything."""
+  return jax.eval_shape(lambda: init(cfg)[1])
+
+
+def count_params(params) -> int:
+  return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+def forward(graphdef, params, tokens):
+  """Full forward pass ``tokens -> (logits, aux_loss)``."""
+  return nnx.merge(graphdef, params)(tokens)
+
+
+def cross_entropy(logits, targets):
+  """Mean next-token cross-entropy in float32."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+
+def make_loss(graphdef, moe_coef: float = 0.01) -> Callable[[Any, Any], jax.Array]:
+  """``loss(params, (inputs, targets))``: cross-entropy plus ``moe_coef`` x load-balancing loss."""
+
+  def loss_fn(params, batch):
+    logits, aux = forward(graphdef, params, batch[0])
+    return cross_entropy(logits, batch[1]) + moe_coef * aux
+
+  return loss_fn
+
+
+# ----------------------------------------------------------------------------- pipeline stages
+
+
+def blocks_per_stage(num_blocks: int, num_stages: int) -> int:
+  """Blocks in each of ``num_stages`` equal contiguous stages; ``ValueError`` if impossible."""
+  if num_stages < 1:
+    raise ValueError(f"number of stages must be >= 1, got {num_stages}")
+  if num_stages > num_blocks:
+    raise ValueError(f"{num_stages} stages is more than the model's {num_blocks} blocks")
+  if num_blocks % num_stages:
+    raise ValueError(
+        f"{num_blocks} blocks cannot be split into {num_stages} equal stages "
+        f"({num_blocks} % {num_stages} = {num_blocks % num_stages})")
+  return num_blocks // num_stages
+
+
+def stage_labels(params, num_stages: int):
+  """Stage index (int) of every leaf of ``params``: embeddings in stage 0, block ``i`` in stage
+  ``i // blocks_per_stage``, final norm and head in stage ``num_stages - 1``."""
+  per = blocks_per_stage(len(params["blocks"]), num_stages)
+  return {
+      "embed": jax.tree.map(lambda _: 0, params["embed"]),
+      "blocks": {i: jax.tree.map(lambda _, i=i: i // per, b) for i, b in params["blocks"].items()},
+      "head": jax.tree.map(lambda _: num_stages - 1, params["head"]),
+  }
+
+
+def stage_functions(cfg: ModelConfig, num_stages: int):
+  """P functions ``f_k(stage_params, activations) -> activations`` composing to ``forward``.
+
+  Stage 0 takes the token array; every other stage takes and returns ``(hidden, aux_loss)``; the
+  last returns ``(logits, aux_loss)``. ``stage_params`` may be the full parameter dict or one with
+  other stages' leaves replaced by ``None``: each function reads only its own leaves.
+  """
+  per = blocks_per_stage(cfg.num_blocks, num_stages)
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0)))
+  emb_g, blk_g, head_g = (nnx.graphdef(m) for m in (abstract.embed, abstract.blocks[0], abstract.head))
+
+  def make(k):
+    def stage_fn(p, act):
+      if k == 0:
+        act = (nnx.merge(emb_g, p["embed"])(act), jnp.zeros((), jnp.float32))
+      h, aux = act
+      for i in range(k * per, (k + 1) * per):
+        h, a = nnx.merge(blk_g, p["blocks"][i])(h)
+        aux = aux + a
+      if k == num_stages - 1:
+        h = nnx.merge(head_g, p["head"])(h)
+      return h, aux
+
+    return stage_fn
+
+  return [make(k) for k in range(num_stages)]

@@ -1,0 +1,72 @@
+import numpy as np
+import pytest
+
+from experiments import data
+
+
+@pytest.fixture(scope="module")
+def corpus():
+  return data.default_corpus(context=16)
+
+
+def test_default_corpus_identity(corpus):
+  assert corpus.vocab_size == 256
+  assert corpus.num_tokens == data.DEFAULT_CORPUS_BYTES
+  assert len(corpus.sha256) == 64
+  assert data.default_corpus(context=16).sha256 == corpus.sha256
+  files = data.stdlib_files()
+  assert files == sorted(files) and all(p.suffix == ".py" for p in files)
+  assert bytes(corpus.train[:64]) == files[0].read_bytes()[:64]
+
+
+def test_batches_are_pure_functions_of_seed_and_step(corpus):
+  a = corpus.batch(seed=1, step=7, batch_size=4, context=16)
+  b = corpus.batch(seed=1, step=7, batch_size=4, context=16)
+  c = corpus.batch(seed=1, step=8, batch_size=4, context=16)
+  np.testing.assert_array_equal(a[0], b[0])
+  assert not np.array_equal(a[0], c[0])
+  assert a[0].shape == (4, 16) and a[0].dtype == np.int32
+  np.testing.assert_array_equal(a[0][:, 1:], a[1][:, :-1])
+  stacked = corpus.batches(seed=1, first_step=5, num_steps=4, batch_size=4, context=16)
+  np.testing.assert_array_equal(stacked[0][2], a[0])  # step 5 + 2 == 7: resuming sees the same batch
+  v = corpus.batch(seed=1, step=7, batch_size=4, context=16, split="valid")
+  assert not np.array_equal(v[0], a[0])
+
+
+def test_train_valid_split(corpus):
+  assert len(corpus.valid) == int(corpus.num_tokens * 0.1)
+  raw = np.concatenate([corpus.train, corpus.valid])
+  np.testing.assert_array_equal(raw[len(corpus.train):][:10], corpus.valid[:10])
+  assert len(corpus.train) + len(corpus.valid) == len(raw)
+
+
+def test_text_and_token_files(tmp_path):
+  text = tmp_path / "t.txt"
+  text.write_bytes(bytes(range(256)) * 4)
+  ds = data.load(text, context=8)
+  assert ds.vocab_size == 256 and ds.num_tokens == 1024
+  tokens = (np.arange(5000) % 1000).astype(np.uint16)
+  path = tmp_path / "tok.bin"
+  tokens.tofile(path)
+  ds = data.load(path, context=8, vocab_size=1000)
+  assert ds.vocab_size == 1000
+  np.testing.assert_array_equal(ds.train[:20], tokens[:20])
+  x, y = ds.batch(0, 0, 2, 8)
+  np.testing.assert_array_equal((x + 1) % 1000, y)
+
+
+def test_bad_files(tmp_path):
+  with pytest.raises(FileNotFoundError, match="nope.txt"):
+    data.load(tmp_path / "nope.txt", context=8)
+  empty = tmp_path / "empty.txt"
+  empty.write_bytes(b"")
+  with pytest.raises(ValueError, match="is empty"):
+    data.load(empty, context=8)
+  short = tmp_path / "short.txt"
+  short.write_bytes(b"x" * 30)
+  with pytest.raises(ValueError, match=r"short.txt.*has 30 tokens.*need at least 20 tokens"):
+    data.load(short, context=8)
+  big = tmp_path / "big.bin"
+  np.full(100, 700, np.uint16).tofile(big)
+  with pytest.raises(ValueError, match="token id 700 >= vocab_size 500"):
+    data.load(big, context=8, vocab_size=500)

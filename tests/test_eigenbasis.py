@@ -1,0 +1,58 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rotation import eigenbasis as eb
+
+
+def _psd(n, ratio, seed):
+  rng = np.random.default_rng(seed)
+  vecs = np.linalg.qr(rng.normal(size=(n, n)))[0]
+  vals = ratio ** -np.arange(n, dtype=np.float64)  # eigenvalue gaps of `ratio`
+  return vecs @ np.diag(vals) @ vecs.T, vecs
+
+
+def test_eigh_descending_handles_zero_and_rank_deficient():
+  q = np.asarray(eb.eigh_descending(jnp.zeros((5, 5))))
+  np.testing.assert_allclose(q.T @ q, np.eye(5), atol=1e-6)
+  g = np.random.default_rng(0).normal(size=(5, 2))
+  q = np.asarray(eb.eigh_descending(jnp.asarray(g @ g.T, jnp.float32)))
+  np.testing.assert_allclose(q.T @ q, np.eye(5), atol=1e-5)
+  vals = np.diag(q.T @ g @ g.T @ q)
+  assert np.all(np.diff(vals) <= 1e-5) and vals[2:].max() < 1e-5
+
+
+def test_warm_refresh_converges_to_eigh_basis_of_fixed_statistic():
+  stat, vecs = _psd(6, ratio=4.0, seed=1)
+  rng = np.random.default_rng(2)
+  q = jnp.asarray(np.linalg.qr(rng.normal(size=(6, 6)))[0], jnp.float32)
+  nu = jnp.asarray(np.arange(36.0).reshape(6, 6), jnp.float32)
+  step = jax.jit(lambda q, nu: eb.warm_refresh_second(q, jnp.asarray(stat, jnp.float32), nu, axis=0))
+  errors = []
+  for _ in range(12):
+    q, nu = step(q, nu)
+    errors.append(np.abs(np.abs(np.asarray(q).T @ vecs) - np.eye(6)).max())
+  assert errors[-1] < 1e-3, errors
+  assert errors[5] < errors[0]
+  # nu rows are only permuted, never mixed.
+  assert sorted(map(tuple, np.asarray(nu))) == sorted(map(tuple, np.arange(36.0).reshape(6, 6)))
+
+
+def test_descending_order_sorts_by_rayleigh_quotient():
+  stat = np.diag([1.0, 5.0, 3.0])
+  q = jnp.eye(3)
+  order = eb.descending_order(q, eb.mm(jnp.asarray(stat, jnp.float32), q))
+  np.testing.assert_array_equal(order, [1, 2, 0])
+
+
+def test_first_order_power_steps_recover_singular_vectors():
+  rng = np.random.default_rng(3)
+  u = np.linalg.qr(rng.normal(size=(5, 5)))[0]
+  v = np.linalg.qr(rng.normal(size=(7, 7)))[0]
+  m = u @ np.diag([8.0, 4.0, 2.0, 1.0, 0.5]) @ v[:, :5].T
+  ql, qr = jnp.eye(5), jnp.eye(7)
+  nu = jnp.zeros((5, 7))
+  for _ in range(30):
+    ql, qr, nu = eb.first_order_bases(jnp.asarray(m, jnp.float32), ql, qr, nu, True, True)
+  np.testing.assert_allclose(np.abs(np.asarray(ql).T @ u), np.eye(5), atol=1e-3)
+  np.testing.assert_allclose(np.abs(np.asarray(qr)[:, :5].T @ v[:, :5]), np.eye(5), atol=1e-3)

@@ -1,0 +1,130 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import model as M
+
+TINY = M.CONFIGS["cpu-tiny"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  graphdef, params = M.init(TINY, seed=0)
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, TINY.context), 0, TINY.vocab_size)
+  return graphdef, params, tokens
+
+
+def test_paper_95m_parameter_count_without_allocation():
+  shapes = M.abstract_params(M.CONFIGS["paper-95m"])
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(shapes))
+  # Independent count: embeddings + head + 32 blocks (4 attention + 2 MLP matrices with biases,
+  # two LayerNorms) + final LayerNorm.
+  v, d, c, h = 50257, 384, 512, 4 * 384
+  block = 4 * (d * d + d) + (d * h + h) + (h * d + d) + 2 * 2 * d
+  expected = v * d + c * d + 32 * block + 2 * d + d * v + v
+  assert M.count_params(shapes) == expected
+  assert abs(expected - 95.6e6) / 95.6e6 < 0.005
+
+
+def test_forward_shapes_and_init_scale(tiny):
+  graphdef, params, tokens = tiny
+  logits, aux = jax.jit(lambda p, t: M.forward(graphdef, p, t))(params, tokens)
+  assert logits.shape == (2, TINY.context, TINY.vocab_size)
+  assert float(aux) == 0.0
+  kernel = np.asarray(params["blocks"][0]["mlp"]["fc1"]["kernel"])
+  assert kernel.shape == (TINY.width, 4 * TINY.width)
+  assert abs(kernel.std() - 0.02) < 0.004
+  # Untied head: the output projection is a separate array from the token embedding.
+  assert params["head"]["out"]["kernel"].shape == (TINY.width, TINY.vocab_size)
+
+
+def test_forward_is_causal(tiny):
+  graphdef, params, tokens = tiny
+  f = jax.jit(lambda t: M.forward(graphdef, params, t)[0])
+  changed = tokens.at[:, -1].set((tokens[:, -1] + 1) % TINY.vocab_size)
+  np.testing.assert_allclose(f(tokens)[:, :-1], f(changed)[:, :-1], atol=1e-6)
+  assert not np.allclose(f(tokens)[:, -1], f(changed)[:, -1])
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 4])
+def test_stage_labels_cover_every_leaf_contiguously(tiny, num_stages):
+  _, params, _ = tiny
+  labels = M.stage_labels(params, num_stages)
+  assert jax.tree.structure(labels) == jax.tree.structure(params)
+  flat = [l for _, l in jax.tree_util.tree_flatten_with_path(labels)[0]]
+  assert set(flat) == set(range(num_stages))
+  # Leaves in model order (embed, blocks 0.., head) have non-decreasing stages.
+  order = ([("embed", l) for l in jax.tree.leaves(labels["embed"])]
+           + [(i, l) for i in sorted(labels["blocks"]) for l in jax.tree.leaves(labels["blocks"][i])]
+           + [("head", l) for l in jax.tree.leaves(labels["head"])])
+  stages = [l for _, l in order]
+  assert stages == sorted(stages)
+  assert set(jax.tree.leaves(labels["embed"])) == {0}
+  assert set(jax.tree.leaves(labels["head"])) == {num_stages - 1}
+  per_stage = [sum(1 for i in labels["blocks"] if jax.tree.leaves(labels["blocks"][i])[0] == k)
+               for k in range(num_stages)]
+  assert per_stage == [TINY.num_blocks // num_stages] * num_stages
+
+
+@pytest.mark.parametrize("num_stages", [2, 4])
+def test_composed_stage_functions_equal_forward(tiny, num_stages):
+  graphdef, params, tokens = tiny
+  fns = M.stage_functions(TINY, num_stages)
+  labels = M.stage_labels(params, num_stages)
+
+  @jax.jit
+  def composed(params):
+    act = tokens
+    for k, f in enumerate(fns):  # each stage sees only its own leaves
+      act = f(jax.tree.map(lambda p, l, k=k: p if l == k else None, params, labels), act)
+    return act
+
+  logits, aux = composed(params)
+  ref_logits, ref_aux = M.forward(graphdef, params, tokens)
+  np.testing.assert_allclose(logits, ref_logits, atol=1e-5)
+  np.testing.assert_allclose(aux, ref_aux)
+
+
+@pytest.mark.parametrize("num_stages,match", [(0, ">= 1"), (5, "more than the model's 4 blocks"),
+                                              (3, "4 blocks cannot be split into 3")])
+def test_bad_stage_counts(tiny, num_stages, match):
+  _, params, _ = tiny
+  with pytest.raises(ValueError, match=match):
+    M.stage_labels(params, num_stages)
+  with pytest.raises(ValueError, match=match):
+    M.stage_functions(TINY, num_stages)
+
+
+def test_bad_config():
+  with pytest.raises(ValueError, match="not divisible by num_heads 3"):
+    M.ModelConfig(width=32, num_heads=3)
+  with pytest.raises(ValueError, match="unknown activation 'tanhh'"):
+    M.ModelConfig(activation="tanhh")
+
+
+def test_moe_routing_and_balance_loss():
+  cfg = M.ModelConfig(num_blocks=2, width=16, num_heads=2, context=8, vocab_size=32,
+                      num_experts=4, top_k=2)
+  graphdef, params = M.init(cfg, seed=3)
+  tokens = jax.random.randint(jax.random.PRNGKey(0), (3, 8), 0, 32)
+  logits, aux = jax.jit(lambda p: M.forward(graphdef, p, tokens))(params)
+  assert logits.shape == (3, 8, 32)
+  from flax import nnx
+  moe = nnx.merge(graphdef, params).blocks[0].mlp
+  x = jax.random.normal(jax.random.PRNGKey(2), (3, 8, 16))
+  gates, probs = moe.routing(x)
+  assert gates.shape == (3, 8, 4)
+  np.testing.assert_array_equal(np.sum(np.asarray(gates) > 0, -1), 2)
+  np.testing.assert_allclose(np.sum(gates, -1), 1.0, rtol=1e-5)
+  # Independent balance loss: E * sum_e (share of routing slots) * (mean router probability).
+  g, p = np.asarray(gates).reshape(-1, 4), np.asarray(probs).reshape(-1, 4)
+  expected = 4 * np.sum((g > 0).mean(0) / 2 * p.mean(0))
+  _, aux_one = moe(x)
+  np.testing.assert_allclose(aux_one, expected, rtol=1e-5)
+  # Output is the gate-weighted sum of the experts' outputs.
+  y, _ = moe(x)
+  manual = sum(gates[..., e:e + 1] * moe.experts[e](x) for e in range(4))
+  np.testing.assert_allclose(y, manual, atol=1e-6)
+  # Two blocks contribute to the model's aux loss; each is >= 1 (uniform routing minimises it).
+  assert float(aux) >= 2.0 - 1e-4

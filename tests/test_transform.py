@@ -1,0 +1,368 @@
+"""rotation.transform against an independent NumPy transcription of SPEC section 2."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import rotation
+from rotation import transform
+
+B1, B2, EPS, LR, WD = 0.9, 0.999, 1e-8, 1e-2, 0.01
+
+
+def reference(w0, grads, *, source, geometry, period, b1=B1, b2=B2, eps=EPS, lr=LR, wd=WD):
+  """SPEC section 2 in float64 NumPy, first moment kept in original coordinates."""
+  w = np.array(w0, np.float64)
+  m_dim, n_dim = w.shape
+  rot_l, rot_r = (True, True) if geometry == "bilateral" else (m_dim < n_dim, m_dim >= n_dim)
+  ql, qr = np.eye(m_dim), np.eye(n_dim)
+  stat_l, stat_r = np.zeros((m_dim, m_dim)), np.zeros((n_dim, n_dim))
+  mom, nu = np.zeros_like(w), np.zeros_like(w)
+  history = []
+
+  def desc_eigh(s):
+    return np.linalg.eigh(s + 1e-30 * np.eye(len(s)))[1][:, ::-1]
+
+  for t, g in enumerate(grads, start=1):
+    g = np.asarray(g, np.float64)
+    if source == "second":
+      stat_l = b2 * stat_l + (1 - b2) * g @ g.T
+      stat_r = b2 * stat_r + (1 - b2) * g.T @ g
+    if t == 1 or t % period == 0:
+      look = b1 * mom + (1 - b1) * g
+      if t == 1 and source == "second":
+        ql = desc_eigh(stat_l) if rot_l else ql
+        qr = desc_eigh(stat_r) if rot_r else qr
+      elif t == 1:
+        u, _, vt = np.linalg.svd(look)
+        ql, qr = (u if rot_l else ql), (vt.T if rot_r else qr)
+      elif source == "second":
+        for side, s in ((0, stat_l), (1, stat_r)):
+          if not (rot_l, rot_r)[side]:
+            continue
+          q = (ql, qr)[side]
+          order = np.argsort(-np.diag(q.T @ s @ q), kind="stable")
+          nu = np.take(nu, order, axis=side)
+          q = np.linalg.qr(s @ q[:, order], mode="complete")[0]
+          ql, qr = (q, qr) if side == 0 else (ql, q)
+      else:
+        if rot_l:
+          order = np.argsort(-np.sum((look.T @ ql) ** 2, 0), kind="stable")
+          ql, nu = ql[:, order], nu[order, :]
+        if rot_r:
+          order = np.argsort(-np.sum((look @ qr) ** 2, 0), kind="stable")
+          qr, nu = qr[:, order], nu[:, order]
+        if rot_l and rot_r:
+          ql, qr = np.linalg.qr(look @ qr, mode="complete")[0], np.linalg.qr(look.T @ ql, mode="complete")[0]
+        elif rot_l:
+          ql = np.linalg.qr(look @ look.T @ ql, mode="complete")[0]
+        else:
+          qr = np.linalg.qr(look.T @ look @ qr, mode="complete")[0]
+    mom = b1 * mom + (1 - b1) * g
+    uq = ql if rot_l else np.eye(m_dim)
+    vq = qr if rot_r else np.eye(n_dim)
+    g_rot, m_rot = uq.T @ g @ vq, uq.T @ mom @ vq
+    nu = b2 * nu + (1 - b2) * g_rot**2
+    step = np.sqrt(1 - b2**t) / (1 - b1**t) * uq @ (m_rot / (np.sqrt(nu) + eps)) @ vq.T
+    w = w - lr * wd * w - lr * step
+    history.append(w.copy())
+  return np.stack(history)
+
+
+def run(tx, w0, grads):
+  params = {"w": jnp.asarray(w0, jnp.float32)}
+  state = tx.init(params)
+
+  @jax.jit
+  def step(params, state, g):
+    updates, state = tx.update({"w": g}, state, params)
+    return optax.apply_updates(params, updates), state
+
+  out = []
+  for g in grads:
+    params, state = step(params, state, jnp.asarray(g, jnp.float32))
+    out.append(np.asarray(params["w"]))
+  return np.stack(out), state
+
+
+def gradient_sequence(shape, steps, seed):
+  rng = np.random.default_rng(seed)
+  grads = [np.zeros(shape)]  # a zero first gradient must work (and makes the cold start exact)
+  mix = rng.normal(size=(shape[0], shape[0]))
+  for _ in range(steps - 1):
+    grads.append(mix @ rng.normal(size=shape) * np.linspace(2.0, 0.5, shape[1]))
+  return grads
+
+
+@pytest.mark.parametrize("source", ["second", "first"])
+@pytest.mark.parametrize("geometry,shape", [("bilateral", (6, 10)), ("unilateral", (6, 10)),
+                                            ("unilateral", (10, 6))])
+def test_matches_numpy_reference(source, geometry, shape):
+  grads = gradient_sequence(shape, 30, seed=hash((source, geometry, shape)) % 2**32)
+  w0 = np.random.default_rng(1).normal(size=shape)
+  period = 5  # refreshes at t = 1, 5, 10, ..., 30: one cold start and six warm ones
+  ours, _ = run(rotation.basis_rotation(LR, source=source, geometry=geometry, refresh_every=period),
+                w0, grads)
+  ref = reference(w0, grads, source=source, geometry=geometry, period=period)
+  np.testing.assert_allclose(ours, ref, atol=2e-5, rtol=1e-4)
+  # The rotation is doing something: plain AdamW differs.
+  adamw, _ = run(optax.adamw(LR, B1, B2, EPS, weight_decay=WD), w0, grads)
+  assert np.abs(adamw - ref).max() > 1e-3
+
+
+def test_signed_permutation_basis_equals_adam():
+  """Gradients with one non-zero per row and column have diagonal G G^T and G^T G, so every basis
+  is a signed permutation of the axes: rotation with optax's Adam inside must equal optax.adam.
+  (eps = 1e-3: coordinates whose gradient is always zero hold float32 round-off of ~1e-9 in the
+  rotated moments, which eps = 1e-8 would blow up to O(1).)"""
+  rng = np.random.default_rng(0)
+  grads = [np.zeros((4, 6))]
+  for _ in range(25):
+    g = np.zeros((4, 6))
+    g[np.arange(4), np.arange(4)] = rng.normal(size=4) * np.array([3.0, 1.0, 0.3, 2.0])
+    grads.append(g)
+  w0 = rng.normal(size=(4, 6))
+  adam, _ = run(optax.adam(LR, eps=1e-3), w0, grads)
+  rotated, state = run(optax.chain(
+      rotation.scale_by_basis_rotation(optax.scale_by_adam(eps=1e-3), refresh_every=3),
+      optax.scale(-LR)), w0, grads)
+  np.testing.assert_allclose(rotated, adam, atol=5e-5, rtol=1e-4)
+  q = np.asarray(state[0].left["w"])
+  assert not np.allclose(q, np.eye(4))  # the basis really moved (sorted by eigenvalue)
+  np.testing.assert_allclose(np.abs(q).sum(0), 1.0, atol=1e-6)
+  unrotated, _ = run(optax.chain(
+      rotation.scale_by_basis_rotation(optax.scale_by_adam(eps=1e-3), max_precond_dim=0),
+      optax.scale(-LR)), w0, grads)
+  np.testing.assert_allclose(unrotated, adam, atol=1e-6)
+
+
+def _momentum_only():
+  """An inner transformation whose update is its first moment ``mu`` alone."""
+
+  def init(params):
+    z = jax.tree.map(jnp.zeros_like, params)
+    return optax.ScaleByAdamState(jnp.zeros([], jnp.int32), z, z)
+
+  def update(g, state, params=None):
+    mu = jax.tree.map(lambda m, x: 0.9 * m + 0.1 * x, state.mu, g)
+    return mu, state._replace(mu=mu)
+
+  return optax.GradientTransformation(init, update)
+
+
+@pytest.mark.parametrize("source", ["second", "first"])
+def test_first_moment_is_exact_across_basis_changes(source):
+  """Refreshing every step (arbitrary QR signs, reorderings): U M~ V^T must stay the plain EMA."""
+  grads = gradient_sequence((5, 7), 12, seed=3)
+  tx = rotation.scale_by_basis_rotation(_momentum_only(), source=source, refresh_every=1)
+  state = tx.init({"w": jnp.zeros((5, 7))})
+  update = jax.jit(tx.update)
+  ema = np.zeros((5, 7))
+  for g in grads:
+    u, state = update({"w": jnp.asarray(g, jnp.float32)}, state)
+    ema = 0.9 * ema + 0.1 * g
+    np.testing.assert_allclose(u["w"], ema, atol=1e-5)
+
+
+def test_warm_refresh_matches_eigh_of_statistic_after_cold_start():
+  grads = gradient_sequence((6, 4), 3, seed=5)[1:]
+  tx = rotation.scale_by_basis_rotation()
+  state = tx.init({"w": jnp.zeros((6, 4))})
+  _, state = tx.update({"w": jnp.asarray(grads[0], jnp.float32)}, state)
+  g = grads[0]
+  vals, vecs = np.linalg.eigh((1 - B2) * g.T @ g)
+  q = np.asarray(state.right["w"])
+  np.testing.assert_allclose(np.abs(q.T @ vecs[:, ::-1]), np.eye(4), atol=1e-4)
+
+
+def test_per_leaf_periods_are_respected():
+  params = {"a": jnp.zeros((3, 4)), "b": jnp.zeros((4, 3))}
+  tx = rotation.scale_by_basis_rotation(refresh_every={"a": 2, "b": 3})
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  rng = np.random.default_rng(0)
+  changed = {"a": [], "b": []}
+  for t in range(1, 10):
+    g = {k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in params.items()}
+    _, new = update(g, state)
+    for k in params:
+      if not np.array_equal(new.left[k], state.left[k]):
+        changed[k].append(t)
+    state = new
+  assert changed == {"a": [1, 2, 4, 6, 8], "b": [1, 3, 6, 9]}
+
+
+def test_leaf_rules_and_dtypes():
+  params = {"scalar": jnp.zeros(()), "bias": jnp.zeros(5), "mat": jnp.zeros((3, 8)),
+            "big": jnp.zeros((2, 40)), "conv": jnp.zeros((2, 3, 4), jnp.bfloat16),
+            "masked": jnp.zeros((3, 3))}
+  mask = {k: k != "masked" for k in params}
+  tx = rotation.scale_by_basis_rotation(geometry="unilateral", max_precond_dim=16, mask=mask)
+  state = tx.init(params)
+  shapes = jax.tree.map(lambda x: x.shape, (state.left, state.right))
+  assert shapes[0] == {"scalar": (0, 0), "bias": (0, 0), "mat": (3, 3), "big": (2, 2),
+                       "conv": (0, 0), "masked": (0, 0)}
+  assert shapes[1] == {"scalar": (0, 0), "bias": (0, 0), "mat": (0, 0), "big": (0, 0),
+                       "conv": (4, 4), "masked": (0, 0)}  # (2,3,4) is the matrix (6, 4)
+  grads = jax.tree.map(lambda x: jnp.ones_like(x), params)
+  updates, state = jax.jit(tx.update)(grads, state)
+  assert updates["conv"].dtype == jnp.bfloat16 and updates["mat"].dtype == jnp.float32
+  assert state.stat_right["conv"].dtype == jnp.float32
+  assert all(bool(jnp.all(jnp.isfinite(u.astype(jnp.float32)))) for u in jax.tree.leaves(updates))
+
+
+def test_nonfinite_gradients():
+  params = {"w": jnp.zeros((4, 5))}
+  grads = [jnp.asarray(g, jnp.float32) for g in gradient_sequence((4, 5), 6, seed=2)]
+  bad = jnp.full((4, 5), jnp.nan)
+  # Wrapped in apply_if_finite: the bad step is skipped and the state is untouched.
+  tx = optax.apply_if_finite(rotation.basis_rotation(LR, refresh_every=2), max_consecutive_errors=5)
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for g in grads[:3]:
+    _, state = update({"w": g}, state, params)
+  u, after = update({"w": bad}, state, params)
+  assert int(after.notfinite_count) == 1 and float(jnp.abs(u["w"]).max()) == 0.0
+  jax.tree.map(np.testing.assert_array_equal, after.inner_state, state.inner_state)
+  # Unwrapped, a NaN gradient at a refresh step does not install a NaN basis.
+  raw = rotation.scale_by_basis_rotation(refresh_every=2)
+  state = raw.init(params)
+  _, state = raw.update({"w": grads[1]}, state)
+  before = np.asarray(state.left["w"])
+  _, state = raw.update({"w": bad}, state)  # t = 2: a warm refresh
+  np.testing.assert_array_equal(state.left["w"], before)
+
+
+def _noisy_rotated_quadratic(a, b, curv, target):
+  """``0.5 sum curv * (A^T W B - target - noise)^2``, noise N(0, 0.3^2) drawn in the eigenbasis."""
+
+  def loss(w, noise):
+    z = a.T @ w @ b - target - noise
+    return 0.5 * jnp.sum(curv * z * z)
+
+  def make_step(tx):
+    @jax.jit
+    def step(w, state, key):
+      noise = 0.3 * jax.random.normal(key, target.shape)
+      u, state = tx.update(jax.grad(loss)(w, noise), state, w)
+      return optax.apply_updates(w, u), state, loss(w, 0.0)
+    return step
+
+  return make_step
+
+
+def test_rotation_beats_adam_on_rotated_ill_conditioned_quadratic():
+  rng = np.random.default_rng(0)
+  a = np.linalg.qr(rng.normal(size=(8, 8)))[0]
+  b = np.linalg.qr(rng.normal(size=(6, 6)))[0]
+  curv = np.outer(np.logspace(0, 2, 8), np.logspace(0, 1, 6))  # Kronecker-factored spectrum
+  make_step = _noisy_rotated_quadratic(a, b, curv, rng.normal(size=(8, 6)))
+
+  def steps_to_1_percent(tx, limit=400):
+    step, w = make_step(tx), jnp.zeros((8, 6))
+    state = tx.init(w)
+    for i in range(limit):
+      w, state, l = step(w, state, jax.random.PRNGKey(i))
+      l0 = float(l) if i == 0 else l0
+      if float(l) < 0.01 * l0:
+        return i
+    return limit
+
+  adam = steps_to_1_percent(optax.adam(0.1))
+  rot = steps_to_1_percent(rotation.basis_rotation(0.1, weight_decay=0.0, refresh_every=5))
+  assert rot < 0.6 * adam, (rot, adam)
+
+
+def test_equivariance_under_orthogonal_reparametrisation():
+  """f(W) = h(A^T W B) with a separable h: the rotated optimizer's loss curve hardly depends on the
+  orthogonal A, B (it is equivariant up to float32 round-off); Adam's does."""
+  rng = np.random.default_rng(1)
+  curv = np.outer(np.logspace(0, 1, 6), np.logspace(0, 0.5, 6))
+  target, z0 = rng.normal(size=(6, 6)), rng.normal(size=(6, 6))
+
+  def curve(tx, a, b, steps=60):
+    step = _noisy_rotated_quadratic(a, b, curv, target)(tx)
+    w = jnp.asarray(a @ z0 @ b.T, jnp.float32)
+    state, out = tx.init(w), []
+    for i in range(steps):
+      w, state, l = step(w, state, jax.random.PRNGKey(i))
+      out.append(float(l))
+    return np.array(out)
+
+  eye = np.eye(6)
+  a = np.linalg.qr(rng.normal(size=(6, 6)))[0]
+  b = np.linalg.qr(rng.normal(size=(6, 6)))[0]
+  rot = rotation.basis_rotation(0.05, weight_decay=0.0)
+  rel = lambda x, y: np.max(np.abs(x - y) / np.abs(x))
+  rot_gap = rel(curve(rot, eye, eye), curve(rot, a, b))
+  adam_gap = rel(curve(optax.adam(0.05), eye, eye), curve(optax.adam(0.05), a, b))
+  assert rot_gap < 0.03 and adam_gap > 0.5, (rot_gap, adam_gap)
+
+
+def test_compositions_with_optax_and_no_recompilation():
+  params = {"w": jnp.ones((4, 6)), "b": jnp.ones(6)}
+  grads = {"w": jnp.full((4, 6), 0.5), "b": jnp.full(6, 0.5)}
+  txs = [
+      optax.chain(optax.clip_by_global_norm(1.0), rotation.basis_rotation(1e-3)),
+      optax.inject_hyperparams(rotation.basis_rotation,
+                               static_args=("refresh_every", "max_precond_dim"))(
+          learning_rate=1e-3, b1=0.9, refresh_every=3),
+      optax.MultiSteps(rotation.basis_rotation(1e-3), every_k_schedule=2),
+      optax.apply_if_finite(rotation.basis_rotation(1e-3), 3),
+  ]
+  for tx in txs:
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    for _ in range(3):
+      u, state = update(grads, state, params)
+    assert update._cache_size() == 1
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(u))
+  # inject_hyperparams traces the learning rate: changing it does not recompile.
+  tx = txs[1]
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  u1, state = update(grads, state, params)
+  state.hyperparams["learning_rate"] = jnp.asarray(2e-3, jnp.float32)
+  u2, _ = update(grads, state, params)
+  assert update._cache_size() == 1 and not np.allclose(u1["w"], u2["w"])
+
+
+def test_flax_nnx_optimizer_on_transformer():
+  from experiments import model as M
+  cfg = M.CONFIGS["cpu-tiny"]
+  net = M.Transformer(cfg, nnx.Rngs(0))
+  opt = nnx.Optimizer(net, rotation.basis_rotation(1e-2, refresh_every=2), wrt=nnx.Param)
+  tokens = (jnp.arange(cfg.context + 1)[None, :] * 7 + jnp.arange(4)[:, None] * 3) % 13  # learnable
+
+  @nnx.jit
+  def train_step(net, opt):
+    def loss_fn(net):
+      logits, _ = net(tokens[:, :-1])
+      return M.cross_entropy(logits, tokens[:, 1:])
+    loss, grads = nnx.value_and_grad(loss_fn)(net)
+    opt.update(net, grads)
+    return loss
+
+  losses = [float(train_step(net, opt)) for _ in range(8)]
+  assert losses[-1] < losses[0] - 0.5, losses
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"source": "third"}, "unknown source 'third'"),
+    ({"geometry": "trilateral"}, "unknown geometry 'trilateral'"),
+    ({"refresh_every": 0}, "refresh_every must be a Python int >= 1.*got 0"),
+    ({"refresh_every": {"w": -2}}, "got -2"),
+    ({"eps": -1e-8}, "eps must be >= 0, got -1e-08"),
+])
+def test_bad_arguments(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    rotation.scale_by_basis_rotation(**kwargs)
+
+
+def test_mask_structure_mismatch():
+  tx = rotation.scale_by_basis_rotation(mask={"w": True})
+  with pytest.raises(ValueError, match="mask does not match the parameters"):
+    tx.init({"w": jnp.zeros((2, 2)), "v": jnp.zeros((2, 2))})
