@@ -1,0 +1,8 @@
+"""Emulation of asynchronous pipeline parallelism (PipeDream 1F1B) and its baselines."""
+
+from pipeline_sim.baselines import (nesterov, nesterov_stage_b1, per_stage, pipedream, pipedream_lr,
+                                    pipemare_lr_schedule, scale_by_nadam_torch)
+from pipeline_sim.delays import (check_labels, leaf_delays, merge_stages, split_stages,
+                                 stage_delays)
+from pipeline_sim.driver import MODES, Pipeline, PipelineState
+from pipeline_sim.gradients import Staged, no_stashing_value_and_grad

@@ -1,0 +1,55 @@
+"""Stage delays of PipeDream 1F1B and the per-leaf stage machinery (SPEC section 1).
+
+Parameters are any pytree; a *labels* pytree of the same structure gives every leaf its stage
+(an int in ``[0, P)``). ``split_stages`` turns a tree into P trees of the same structure in which
+the other stages' leaves are ``None`` (optax and ``jax.tree`` skip them), and ``merge_stages``
+puts such parts back together.
+"""
+
+from __future__ import annotations
+
+import jax
+
+
+def stage_delays(num_stages: int) -> tuple[int, ...]:
+  """``tau_k = P - 1 - k``: the first stage lags ``P - 1`` updates, the last none."""
+  if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+    raise ValueError(f"number of stages must be an int >= 1, got {num_stages!r}")
+  return tuple(num_stages - 1 - k for k in range(num_stages))
+
+
+def check_labels(params, labels, num_stages: int) -> None:
+  """``ValueError`` unless ``labels`` has the structure of ``params``, holds ints in ``[0, P)`` and
+  gives every stage at least one leaf."""
+  stage_delays(num_stages)
+  if jax.tree.structure(labels) != jax.tree.structure(params):
+    raise ValueError("stage labels do not cover the parameters: label structure "
+                     f"{jax.tree.structure(labels)} vs parameters {jax.tree.structure(params)}")
+  flat = jax.tree.leaves(labels)
+  bad = [l for l in flat if isinstance(l, bool) or not isinstance(l, int) or not 0 <= l < num_stages]
+  if bad:
+    raise ValueError(f"stage labels must be ints in [0, {num_stages}), got {bad[0]!r}")
+  empty = sorted(set(range(num_stages)) - set(flat))
+  if empty:
+    raise ValueError(f"stage(s) {empty} of {num_stages} have no parameters")
+
+
+def split_stages(tree, labels, num_stages: int) -> list:
+  """P copies of ``tree`` keeping only stage k's leaves (others ``None``)."""
+  flat_labels, treedef = jax.tree.flatten(labels)
+  leaves = treedef.flatten_up_to(tree)
+  return [treedef.unflatten([x if l == k else None for x, l in zip(leaves, flat_labels)])
+          for k in range(num_stages)]
+
+
+def merge_stages(parts, labels):
+  """Inverse of ``split_stages``."""
+  flat_labels, treedef = jax.tree.flatten(labels)
+  flats = [treedef.flatten_up_to(p) for p in parts]
+  return treedef.unflatten([flats[l][i] for i, l in enumerate(flat_labels)])
+
+
+def leaf_delays(labels, num_stages: int):
+  """Per-leaf delay ``tau`` of the leaf's stage."""
+  delays = stage_delays(num_stages)
+  return jax.tree.map(lambda l: delays[l], labels)

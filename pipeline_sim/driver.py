@@ -1,0 +1,132 @@
+"""Training driver: asynchronous pipeline steps inside a jit-compiled ``lax.scan``.
+
+Every stage has its own optimizer state (and may have its own optimizer: per-stage learning
+rates, momenta, refresh periods, gradient clipping). One step ``i`` per micro-batch:
+
+- ``"weight_stashing"``: stage k keeps a ring of its last ``tau_k + 1`` weight versions; the
+  gradient of micro-batch ``i`` is taken at ``(W_0(i - tau_0), ..., W_{P-1}(i - tau_{P-1}))`` and
+  every stage applies its block at once (PipeDream 1F1B with stashing).
+- ``"stale_gradients"``: gradients at the current weights go into a per-stage FIFO; stage k applies
+  the one from ``tau_k`` steps ago; during its first ``tau_k`` steps it does not update and its
+  optimizer state is untouched.
+- ``"no_stashing"``: stale forward, backward at the current weights (needs ``Staged``).
+
+Memory: the rings hold ``sum_k (tau_k + 1) * |stage k|`` elements (weights for the stashing modes,
+gradients for ``stale_gradients``), beside the current parameters and optimizer states.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from pipeline_sim import buffers as rb
+from pipeline_sim.delays import check_labels, merge_stages, split_stages, stage_delays
+from pipeline_sim.gradients import Staged, no_stashing_value_and_grad
+
+MODES = ("weight_stashing", "stale_gradients", "no_stashing")
+
+
+class PipelineState(NamedTuple):
+  """State of the emulated pipeline."""
+
+  step: jax.Array  # int32 (): micro-batches processed (= updates of the last stage).
+  params: Any  # current weights W(step), the user's parameter pytree.
+  opt_states: tuple  # one optimizer state per stage, over that stage's leaves.
+  buffers: tuple  # per stage: leaves (tau_k + 1, *shape): weight versions or gradient FIFO.
+
+
+class Pipeline:
+  """An emulated asynchronous pipeline; ``init`` then ``run`` chunks of steps.
+
+  Args:
+    loss_fn: ``loss(params, batch) -> scalar``; may be omitted when ``staged`` is given.
+    optimizer: one ``optax.GradientTransformation`` (each stage gets its own state) or a sequence
+      of P of them (per-stage optimizers).
+    labels: stage index of every parameter leaf (same structure as the parameters).
+    num_stages: P.
+    mode: one of ``MODES``.
+    staged: the model as stage functions (required for ``"no_stashing"``).
+  """
+
+  def __init__(self, loss_fn: Optional[Callable], optimizer: Union[optax.GradientTransformation,
+               Sequence[optax.GradientTransformation]], labels, num_stages: int,
+               mode: str = "weight_stashing", staged: Optional[Staged] = None):
+    if mode not in MODES:
+      raise ValueError(f"unknown pipeline mode {mode!r}; choose from {MODES}")
+    self.delays = stage_delays(num_stages)
+    if mode == "no_stashing" and staged is None:
+      raise ValueError("mode 'no_stashing' needs the model as stage functions (staged=Staged(...))")
+    if staged is not None and len(staged.stage_fns) != num_stages:
+      raise ValueError(f"got {len(staged.stage_fns)} stage functions for {num_stages} stages")
+    if loss_fn is None:
+      if staged is None:
+        raise ValueError("give loss_fn or staged")
+      loss_fn = lambda params, batch: staged.loss(split_stages(params, labels, num_stages), batch)
+    if isinstance(optimizer, optax.GradientTransformation):  # (itself a NamedTuple)
+      self.optimizers = (optimizer,) * num_stages
+    elif len(optimizer) != num_stages:
+      raise ValueError(f"got {len(optimizer)} optimizers for {num_stages} stages")
+    else:
+      self.optimizers = tuple(optimizer)
+    self.loss_fn, self.labels, self.num_stages = loss_fn, labels, num_stages
+    self.mode, self.staged = mode, staged
+    self.run = jax.jit(self._run, donate_argnums=0)
+
+  def _split(self, tree):
+    return split_stages(tree, self.labels, self.num_stages)
+
+  def init(self, params) -> PipelineState:
+    check_labels(params, self.labels, self.num_stages)
+    parts = self._split(params)
+    opt_states = tuple(opt.init(p) for opt, p in zip(self.optimizers, parts))
+    if self.mode == "stale_gradients":
+      parts = [jax.tree.map(jnp.zeros_like, p) for p in parts]
+    buffers = tuple(rb.ring_init(p, tau + 1) for p, tau in zip(parts, self.delays))
+    # Copies, so that donating the state never invalidates the caller's arrays.
+    return PipelineState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.array, params), opt_states, buffers)
+
+  def buffer_bytes(self, state: PipelineState) -> int:
+    return rb.tree_bytes(state.buffers)
+
+  def _apply(self, k, grads, params, opt_state):
+    updates, opt_state = self.optimizers[k].update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  def step(self, state: PipelineState, batch):
+    """One micro-batch: returns the new state and the loss the pipeline observed."""
+    i = state.step
+    parts = self._split(state.params)
+    slots = [(i + 1) % (tau + 1) for tau in self.delays]  # W(i - tau) and g(i - tau) live here
+    new_parts, new_opt, new_buffers = [], [], []
+    if self.mode == "stale_gradients":
+      loss, grads = jax.value_and_grad(self.loss_fn)(state.params, batch)
+      for k, (g, tau) in enumerate(zip(self._split(grads), self.delays)):
+        fifo = rb.ring_write(state.buffers[k], i % (tau + 1), g)
+        stale = rb.ring_read(fifo, slots[k])
+        update = functools.partial(self._apply, k, stale)
+        if tau == 0:
+          p, s = update(parts[k], state.opt_states[k])
+        else:  # warm-up: no update, optimizer state untouched
+          p, s = jax.lax.cond(i >= tau, update, lambda p, s: (p, s), parts[k], state.opt_states[k])
+        new_parts.append(p), new_opt.append(s), new_buffers.append(fifo)
+    else:
+      stale_parts = [rb.ring_read(b, s) for b, s in zip(state.buffers, slots)]
+      if self.mode == "weight_stashing":
+        loss, grads = jax.value_and_grad(self.loss_fn)(merge_stages(stale_parts, self.labels), batch)
+        grad_parts = self._split(grads)
+      else:
+        loss, grad_parts = no_stashing_value_and_grad(self.staged, stale_parts, parts, batch)
+      for k, g in enumerate(grad_parts):
+        p, s = self._apply(k, g, parts[k], state.opt_states[k])
+        new_parts.append(p), new_opt.append(s)
+        new_buffers.append(rb.ring_write(state.buffers[k], slots[k], p))  # W(i + 1)
+    params = merge_stages(new_parts, self.labels)
+    return PipelineState(i + 1, params, tuple(new_opt), tuple(new_buffers)), loss
+
+  def _run(self, state: PipelineState, batches):
+    return jax.lax.scan(self.step, state, batches)

@@ -1,0 +1,243 @@
+"""pipeline_sim.driver against independent simulations of the 1F1B schedule."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import pipeline_sim as ps
+
+LR = 0.05
+
+
+def product_model(num_stages, seed=0):
+  """Stage k multiplies by its scalar weight: loss 0.5 * (x * prod_k w_k - y)^2."""
+  rng = np.random.default_rng(seed)
+  params = {"w": [jnp.asarray(1.0 + 0.1 * rng.normal(), jnp.float32) for _ in range(num_stages)]}
+  labels = {"w": list(range(num_stages))}
+
+  def loss_fn(params, batch):
+    x, y = batch
+    out = x
+    for w in params["w"]:
+      out = w * out
+    return 0.5 * (out - y) ** 2
+
+  return params, labels, loss_fn
+
+
+def batches(n, seed=1):
+  rng = np.random.default_rng(seed)
+  return (jnp.asarray(rng.uniform(0.5, 1.5, n), jnp.float32), jnp.asarray(rng.normal(size=n), jnp.float32))
+
+
+def event_simulation_1f1b(w0, xs, ys, lr):
+  """Event-by-event PipeDream 1F1B with weight stashing.
+
+  Stage k runs ``P - k`` warm-up forwards, then alternates one backward and one forward, then
+  drains its backwards. A forward needs the previous stage's forward of the same micro-batch, a
+  backward the next stage's backward; every op whose dependencies finished in an earlier tick runs
+  in this tick. The forward stashes the stage's current weight version; the backward uses the
+  stashed version and then updates the stage (plain SGD).
+
+  Returns:
+    (versions[k][i]: the number of updates stage k had done when micro-batch i's forward ran,
+     history[k]: stage k's weights after each of its updates).
+  """
+  num_stages, n = len(w0), len(xs)
+  orders = []
+  for k in range(num_stages):
+    warm = min(num_stages - k, n)
+    ops = [("F", i) for i in range(warm)]
+    nxt = warm
+    for i in range(n):
+      ops.append(("B", i))
+      if nxt < n:
+        ops.append(("F", nxt))
+        nxt += 1
+    orders.append(ops)
+  weights = [[float(w)] for w in w0]
+  versions = [[None] * n for _ in range(num_stages)]
+  acts = [[None] * n for _ in range(num_stages + 1)]  # acts[k][i]: stage k's input
+  cots = [[None] * n for _ in range(num_stages + 1)]  # cots[k][i]: dL/d(stage k's output)
+  stash = [[None] * n for _ in range(num_stages)]
+  done, pos = set(), [0] * num_stages
+  while any(p < len(o) for p, o in zip(pos, orders)):
+    ready = []
+    for k in range(num_stages):
+      if pos[k] == len(orders[k]):
+        continue
+      kind, i = orders[k][pos[k]]
+      if kind == "F" and (k == 0 or ("F", k - 1, i) in done):
+        ready.append((k, kind, i))
+      if kind == "B" and ("F", k, i) in done and (k == num_stages - 1 or ("B", k + 1, i) in done):
+        ready.append((k, kind, i))
+    assert ready, "schedule deadlocked"
+    for k, kind, i in ready:
+      if kind == "F":
+        x = xs[i] if k == 0 else acts[k][i]
+        acts[k][i] = x
+        versions[k][i] = len(weights[k]) - 1
+        stash[k][i] = weights[k][-1]
+        acts[k + 1][i] = stash[k][i] * x
+      else:
+        ct = acts[num_stages][i] - ys[i] if k == num_stages - 1 else cots[k + 1][i]
+        grad_w = ct * acts[k][i]
+        cots[k][i] = ct * stash[k][i]
+        weights[k].append(weights[k][-1] - lr * grad_w)
+      done.add((kind, k, i))
+      pos[k] += 1
+  return versions, weights
+
+
+@pytest.mark.parametrize("num_stages", [2, 4])
+def test_weight_stashing_matches_event_simulation_of_1f1b(num_stages):
+  params, labels, loss_fn = product_model(num_stages)
+  n = 12
+  xs, ys = batches(n)
+  versions, history = event_simulation_1f1b([float(w) for w in params["w"]], np.asarray(xs, np.float64),
+                                            np.asarray(ys, np.float64), LR)
+  tau = ps.stage_delays(num_stages)
+  for k in range(num_stages):  # the schedule's versions are exactly i - tau_k
+    assert versions[k] == [max(0, i - tau[k]) for i in range(n)]
+  pipe = ps.Pipeline(loss_fn, optax.sgd(LR), labels, num_stages, "weight_stashing")
+  state = pipe.init(params)
+  ours = []
+  for i in range(n):  # one-step chunks so that every intermediate version is visible
+    state, _ = pipe.run(state, (xs[i:i + 1], ys[i:i + 1]))
+    ours.append([float(w) for w in state.params["w"]])
+  ours = np.array(ours)
+  for k in range(num_stages):
+    np.testing.assert_allclose(ours[:, k], history[k][1:], rtol=1e-5)
+  assert pipe.run._cache_size() == 1
+
+
+def test_stale_gradients_fifo_and_warm_up():
+  num_stages, n = 4, 10
+  rng = np.random.default_rng(0)
+  coeffs = jnp.asarray(rng.normal(size=(n, num_stages)), jnp.float32)
+  params = {"w": [jnp.zeros(()) for _ in range(num_stages)]}
+  labels = {"w": list(range(num_stages))}
+  loss_fn = lambda p, c: sum(w * c[k] for k, w in enumerate(p["w"]))  # gradient of w_k is c[k]
+  pipe = ps.Pipeline(loss_fn, optax.sgd(1.0), labels, num_stages, "stale_gradients")
+  state, _ = pipe.run(pipe.init(params), coeffs)
+  tau = ps.stage_delays(num_stages)
+  for k in range(num_stages):  # stage k applied g(0) .. g(n - 1 - tau_k): each exactly once
+    np.testing.assert_allclose(state.params["w"][k], -np.sum(coeffs[:n - tau[k], k]), rtol=1e-6)
+  # With Adam, a stage in warm-up leaves its optimizer state untouched.
+  pipe = ps.Pipeline(loss_fn, optax.adam(0.1), labels, num_stages, "stale_gradients")
+  state = pipe.init(params)
+  for steps_done in range(1, 6):
+    state, _ = pipe.run(state, coeffs[steps_done - 1:steps_done])
+    counts = [int(s[0].count) for s in state.opt_states]
+    assert counts == [max(0, steps_done - t) for t in tau]
+
+
+def test_stashing_and_stale_gradients_see_the_same_gradients():
+  """With tau_k = P-1-k, the gradient stage k applies as its n-th update is, in both modes, taken
+  at (W_0(n - tau_0), ..., W_{P-1}(n)): the observed losses agree step by step."""
+  params, labels, loss_fn = product_model(4, seed=3)
+  xs, ys = batches(16, seed=4)
+  runs = {}
+  for mode in ("weight_stashing", "stale_gradients"):
+    pipe = ps.Pipeline(loss_fn, optax.adam(0.05), labels, 4, mode)
+    runs[mode] = pipe.run(pipe.init(params), (xs, ys))[1]
+  np.testing.assert_allclose(runs["weight_stashing"], runs["stale_gradients"], rtol=1e-6)
+
+
+def test_no_stashing_two_stage_hand_computation():
+  """Stage 0 is h = a * b * x, stage 1 is out = c * h; P = 2 so stage 0 lags one update."""
+  params = {"a": jnp.asarray(1.2), "b": jnp.asarray(0.7), "c": jnp.asarray(0.9)}
+  labels = {"a": 0, "b": 0, "c": 1}
+  staged = ps.Staged([lambda p, x: p["a"] * p["b"] * x, lambda p, h: p["c"] * h],
+                     loss_of=lambda out, batch: 0.5 * (out - batch[1]) ** 2)
+  xs, ys = batches(8, seed=2)
+
+  def hand(stash):
+    a, b, c = 1.2, 0.7, 0.9
+    prev = (a, b)  # stage 0's version from one update ago (W(-1) = W(0))
+    losses = []
+    for x, y in zip(np.asarray(xs, np.float64), np.asarray(ys, np.float64)):
+      a_s, b_s = prev
+      h = a_s * b_s * x
+      r = c * h - y
+      losses.append(0.5 * r * r)
+      ct_h = r * c
+      ga, gb = (ct_h * b_s * x, ct_h * a_s * x) if stash else (ct_h * b * x, ct_h * a * x)
+      prev = (a, b)
+      a, b, c = a - LR * ga, b - LR * gb, c - LR * r * h
+    return np.array([a, b, c]), np.array(losses)
+
+  out = {}
+  for mode, stash in (("no_stashing", False), ("weight_stashing", True)):
+    pipe = ps.Pipeline(None, optax.sgd(LR), labels, 2, mode, staged)
+    state, losses = pipe.run(pipe.init(params), (xs, ys))
+    expected, expected_losses = hand(stash)
+    got = np.array([float(state.params[k]) for k in "abc"])
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+    out[mode] = got
+  assert np.abs(out["no_stashing"] - out["weight_stashing"]).max() > 1e-4
+
+
+def test_p1_every_mode_equals_plain_training():
+  params, _, loss_fn = product_model(3, seed=5)
+  labels = {"w": [0, 0, 0]}
+  xs, ys = batches(10, seed=6)
+  staged = ps.Staged([lambda p, x: p["w"][0] * p["w"][1] * p["w"][2] * x],
+                     loss_of=lambda out, b: 0.5 * (out - b[1]) ** 2)
+  opt = optax.adam(0.05)
+
+  @jax.jit
+  def plain(params):
+    def body(carry, batch):
+      p, s = carry
+      l, g = jax.value_and_grad(loss_fn)(p, batch)
+      u, s = opt.update(g, s, p)
+      return (optax.apply_updates(p, u), s), l
+    return jax.lax.scan(body, (params, opt.init(params)), (xs, ys))
+
+  (ref_params, _), ref_losses = plain(params)
+  for mode in ps.MODES:
+    pipe = ps.Pipeline(loss_fn, opt, labels, 1, mode, staged)
+    state, losses = pipe.run(pipe.init(params), (xs, ys))
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-7)
+    for w, r in zip(state.params["w"], ref_params["w"]):
+      np.testing.assert_allclose(w, r, rtol=1e-5)
+
+
+def test_buffer_memory_and_no_recompilation_across_chunks():
+  num_stages = 4
+  params = {"s": [jnp.ones((3, 5)) * k for k in range(num_stages)]}
+  labels = {"s": list(range(num_stages))}
+  loss_fn = lambda p, b: sum(jnp.sum(w * w) for w in p["s"]) * b
+  pipe = ps.Pipeline(loss_fn, optax.adam(1e-2), labels, num_stages, "weight_stashing")
+  state = pipe.init(params)
+  expected = sum((tau + 1) * 15 * 4 for tau in ps.stage_delays(num_stages))
+  assert pipe.buffer_bytes(state) == expected
+  for _ in range(3):
+    state, losses = pipe.run(state, jnp.ones(5))
+  assert pipe.run._cache_size() == 1 and int(state.step) == 15
+  assert pipe.buffer_bytes(state) == expected
+
+
+def test_bad_input():
+  params, labels, loss_fn = product_model(2)
+  with pytest.raises(ValueError, match="unknown pipeline mode 'async'"):
+    ps.Pipeline(loss_fn, optax.sgd(1.0), labels, 2, "async")
+  with pytest.raises(ValueError, match="must be an int >= 1, got 0"):
+    ps.Pipeline(loss_fn, optax.sgd(1.0), labels, 0)
+  with pytest.raises(ValueError, match="needs the model as stage functions"):
+    ps.Pipeline(loss_fn, optax.sgd(1.0), labels, 2, "no_stashing")
+  with pytest.raises(ValueError, match="got 3 optimizers for 2 stages"):
+    ps.Pipeline(loss_fn, [optax.sgd(1.0)] * 3, labels, 2)
+  pipe = ps.Pipeline(loss_fn, optax.sgd(1.0), {"w": [0]}, 2)
+  with pytest.raises(ValueError, match="do not cover the parameters"):
+    pipe.init(params)
+  pipe = ps.Pipeline(loss_fn, optax.sgd(1.0), {"w": [0, 0]}, 2)
+  with pytest.raises(ValueError, match=r"stage\(s\) \[1\] of 2 have no parameters"):
+    pipe.init(params)
+  pipe = ps.Pipeline(loss_fn, optax.sgd(1.0), {"w": [0, 5]}, 2)
+  with pytest.raises(ValueError, match=r"ints in \[0, 2\), got 5"):
+    pipe.init(params)
