@@ -68,6 +68,7 @@ CONFIGS = {
     # CPU configs: deep and narrow, so that many pipeline stages fit.
     "cpu-tiny": ModelConfig(num_blocks=4, width=32, num_heads=2, context=32, vocab_size=256),
     "cpu-small": ModelConfig(num_blocks=16, width=64, num_heads=4, context=64, vocab_size=256),
+    "cpu-deep": ModelConfig(num_blocks=16, width=32, num_heads=2, context=32, vocab_size=256),
     "cpu-moe": ModelConfig(num_blocks=8, width=64, num_heads=4, context=64, vocab_size=256,
                            num_experts=4, top_k=2),
 }
@@ -216,6 +217,16 @@ def count_params(params) -> int:
 def forward(graphdef, params, tokens):
   """Full forward pass ``tokens -> (logits, aux_loss)``."""
   return nnx.merge(graphdef, params)(tokens)
+
+
+def rotation_mask(params):
+  """The paper's choice of rotated leaves: the 2-D kernels of attention and MLP (incl. experts)."""
+
+  def keep(path, leaf):
+    names = {getattr(k, "key", None) for k in path}
+    return jnp.ndim(leaf) == 2 and bool(names & {"attn", "mlp"}) and "kernel" in names
+
+  return jax.tree_util.tree_map_with_path(keep, params)
 
 
 def cross_entropy(logits, targets):

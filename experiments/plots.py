@@ -1,0 +1,74 @@
+"""PNG figures of a sweep: loss curves per P, slowdown vs P, ablation bars."""
+
+from __future__ import annotations
+
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from experiments import metrics  # noqa: E402
+
+
+def loss_curves(curves: dict, window: int, path: pathlib.Path, title: str) -> None:
+  """One panel per P; smoothed training loss vs step for every method."""
+  stages = sorted({p for _, p in curves})
+  cols = min(3, len(stages))
+  rows = -(-len(stages) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+  for ax, p in zip(axes.flat, stages):
+    for (method, stages_), losses in sorted(curves.items()):
+      if stages_ == p:
+        ax.plot(np.arange(1, len(losses) + 1), metrics.smooth(losses, window), label=method, lw=1.2)
+    ax.set_title(f"P = {p}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss (smoothed)")
+    ax.grid(alpha=0.3)
+  for ax in list(axes.flat)[len(stages):]:
+    ax.axis("off")
+  axes.flat[0].legend(fontsize=8)
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def slowdown_vs_stages(rows, path: pathlib.Path, title: str) -> None:
+  """Slowdown (iterations at P / at P = 1, to the target at P) against P, per method."""
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for method in sorted({r["method"] for r in rows}):
+    pts = sorted((r["stages"], r["slowdown"]) for r in rows if r["method"] == method)
+    xs = [p for p, s in pts if s is not None]
+    ax.plot(xs, [s for _, s in pts if s is not None], marker="o", label=method)
+    never = [p for p, s in pts if s is None and p != 1]
+    if never:
+      ax.scatter(never, [ax.get_ylim()[1]] * len(never), marker="x", color="k")
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("pipeline stages P")
+  ax.set_ylabel("slowdown vs P = 1")
+  ax.set_title(title + "  (x: never reached the target)", fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def bars(values: dict, path: pathlib.Path, title: str, ylabel: str) -> None:
+  """A bar per label; ``None`` values drawn as an empty bar marked 'never'."""
+  fig, ax = plt.subplots(figsize=(max(4, 1.3 * len(values)), 3.6))
+  labels = list(values)
+  heights = [values[k] if values[k] is not None else 0.0 for k in labels]
+  ax.bar(range(len(labels)), heights, color="tab:blue")
+  for i, k in enumerate(labels):
+    ax.text(i, heights[i], "never" if values[k] is None else f"{values[k]:.2f}", ha="center",
+            va="bottom", fontsize=8)
+  ax.set_xticks(range(len(labels)), labels, rotation=20, fontsize=8)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
