@@ -215,12 +215,12 @@ def train(spec: RunSpec, ds: Dataset, run_dir, progress=None) -> dict:
   return result
 
 
-def restore_params(spec: RunSpec, ds: Dataset, run_dir):
-  """The trained parameters of a finished run (from its last checkpoint)."""
-  pipe, state, graphdef, loss_fn = build(spec, ds)
+def restore_state(spec: RunSpec, ds: Dataset, run_dir):
+  """(pipeline, trained pipeline state, loss_fn) of a run, from its last checkpoint."""
+  pipe, state, _, loss_fn = build(spec, ds)
   losses = np.zeros(spec.steps, np.float32)
   val = np.zeros(spec.steps // spec.eval_every + 1, np.float32)
   restored = _Checkpoints(pathlib.Path(run_dir) / "checkpoints").restore(state, losses, val)
   if restored is None:
     raise FileNotFoundError(f"no checkpoint under {str(run_dir)!r}")
-  return restored[1].params, graphdef, loss_fn
+  return pipe, restored[1], loss_fn

@@ -1,0 +1,99 @@
+"""``python -m experiments.bench_optimizer``: cost of basis rotation over AdamW, as ratios.
+
+Measured in one run on this machine: the optimizer update alone and a whole training step (forward,
+backward, update) on the CPU preset model, the update alone on the paper's 95M model's weight
+shapes, XLA's extra FLOPs per step, and compile times. Refresh period 10 (the paper's default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import rotation
+from autodiff_demos import costs
+from experiments import data as data_lib
+from experiments import model as M
+
+
+def _time(fn, args, steps):
+  """Median seconds per call of a jitted ``fn(state...) -> state`` chained ``steps`` times."""
+  out = fn(*args)
+  jax.block_until_ready(out)
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    out = fn(*out)
+    jax.block_until_ready(out)
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def optimizers(refresh_every):
+  return {"adamw": optax.adamw(1e-3, weight_decay=0.01),
+          "rotation": rotation.basis_rotation(1e-3, refresh_every=refresh_every, mask=M.rotation_mask)}
+
+
+def bench_update(params, refresh_every, steps):
+  """Per-step time of the update alone (averaged over a full refresh period), FLOPs, compile s."""
+  grads = jax.tree.map(lambda p: 0.01 * jnp.ones_like(p), params)
+  out = {}
+  for name, tx in optimizers(refresh_every).items():
+    def step(p, s, tx=tx):
+      u, s = tx.update(grads, s, p)
+      return optax.apply_updates(p, u), s
+    state = tx.init(params)
+    t0 = time.perf_counter()
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state).compile()
+    compile_s = time.perf_counter() - t0
+    flops = costs.measure(step, params, state, time_it=False).flops
+    per = _time(compiled, (jax.tree.map(jnp.copy, params), state), steps)
+    out[name] = {"seconds": per, "flops": flops, "compile": compile_s}
+  return out
+
+
+def bench_train_step(cfg, refresh_every, steps, batch_size):
+  graphdef, params = M.init(cfg)
+  loss_fn = M.make_loss(graphdef)
+  ds = data_lib.default_corpus(cfg.context)
+  batch = tuple(jnp.asarray(x) for x in ds.batch(0, 0, batch_size, cfg.context))
+  out = {}
+  for name, tx in optimizers(refresh_every).items():
+    def step(p, s, tx=tx):
+      g = jax.grad(loss_fn)(p, batch)
+      u, s = tx.update(g, s, p)
+      return optax.apply_updates(p, u), s
+    state = tx.init(params)
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state).compile()
+    out[name] = _time(compiled, (jax.tree.map(jnp.copy, params), state), steps)
+  return out
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m experiments.bench_optimizer", description=__doc__)
+  parser.add_argument("--refresh-every", type=int, default=10)
+  parser.add_argument("--steps", type=int, default=40, help="timed steps (a multiple of the period)")
+  parser.add_argument("--skip-95m", action="store_true", help="skip the 95M weight shapes")
+  args = parser.parse_args(argv)
+  cfg = M.CONFIGS["cpu-deep"]
+  print(f"backend: {jax.default_backend()}; refresh_every={args.refresh_every}; medians of {args.steps} steps")
+  train = bench_train_step(cfg, args.refresh_every, args.steps, batch_size=16)
+  print(f"cpu-deep whole training step: rotation / adamw = {train['rotation'] / train['adamw']:.2f}x")
+  cases = [("cpu-deep", M.init(cfg)[1])]
+  if not args.skip_95m:
+    cases.append(("paper-95m", M.init(M.CONFIGS["paper-95m"])[1]))
+  for name, params in cases:
+    r = bench_update(params, args.refresh_every, args.steps)
+    a, b = r["adamw"], r["rotation"]
+    print(f"{name} update alone: rotation / adamw = {b['seconds'] / a['seconds']:.2f}x; "
+          f"XLA FLOPs per step {b['flops']:.3g} vs {a['flops']:.3g} (extra {b['flops'] - a['flops']:.3g}, "
+          f"cond branches counted once); compile {b['compile']:.1f}s vs {a['compile']:.1f}s")
+
+
+if __name__ == "__main__":
+  main()

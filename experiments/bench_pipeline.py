@@ -1,0 +1,71 @@
+"""``python -m experiments.bench_pipeline``: step time of the emulated pipeline over plain training.
+
+Measured in one run on the CPU preset model with AdamW: ``weight_stashing`` and
+``stale_gradients`` at P = 8 and at the largest P the model allows, as ratios to a plain jitted
+training step (same scan, no buffers), plus the ring buffers' memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import numpy as np
+import optax
+
+import pipeline_sim as ps
+from experiments import data as data_lib
+from experiments import model as M
+
+
+def _per_step(run, state, batches, repeats):
+  state, losses = run(state, batches)  # compile
+  jax.block_until_ready(losses)
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    state, losses = run(state, batches)
+    jax.block_until_ready(losses)
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times)) / len(batches[0]), state
+
+
+def plain_run(loss_fn, opt):
+  """Ordinary training in the same kind of scan: no stages, no buffers."""
+
+  def step(carry, batch):
+    params, opt_state = carry
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), loss
+
+  return jax.jit(lambda carry, batches: jax.lax.scan(step, carry, batches), donate_argnums=0)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m experiments.bench_pipeline", description=__doc__)
+  parser.add_argument("--chunk", type=int, default=50)
+  parser.add_argument("--repeats", type=int, default=5)
+  args = parser.parse_args(argv)
+  cfg = M.CONFIGS["cpu-deep"]
+  graphdef, params = M.init(cfg)
+  loss_fn = M.make_loss(graphdef)
+  ds = data_lib.default_corpus(cfg.context)
+  batches = ds.batches(0, 0, args.chunk, 16, cfg.context)
+  opt = optax.adamw(1e-3)
+  plain, _ = _per_step(plain_run(loss_fn, opt), (jax.tree.map(jax.numpy.copy, params), opt.init(params)),
+                       batches, args.repeats)
+  n_params = M.count_params(params)
+  print(f"backend: {jax.default_backend()}; cpu-deep ({n_params} parameters), chunk {args.chunk}")
+  for stages in (8, cfg.num_blocks):
+    for mode in ("weight_stashing", "stale_gradients"):
+      pipe = ps.Pipeline(loss_fn, opt, M.stage_labels(params, stages), stages, mode)
+      t, state = _per_step(pipe.run, pipe.init(params), batches, args.repeats)
+      nbytes = pipe.buffer_bytes(state)
+      print(f"P={stages:<3d} {mode:<16s} step time / plain = {t / plain:.3f}x; "
+            f"buffers {nbytes / 2**20:.2f} MiB = {nbytes / (4 * n_params):.2f} x params")
+
+
+if __name__ == "__main__":
+  main()
