@@ -21,12 +21,12 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-from optax import tree_utils as otu
 
 import pipeline_sim as ps
 from experiments import data as data_lib
 from experiments import runs
 from rotation import eigenbasis
+from rotation.transform import BasisRotationState, leaf_bases
 
 
 def _hvp(loss_fn, params, path, batch):
@@ -82,14 +82,15 @@ def gradient_bases(loss_fn, params, path, batches):
   return eigenbasis.eigh_descending(left), eigenbasis.eigh_descending(right)
 
 
-def run_bases(state, labels):
-  """(U, V) per leaf from a rotation run's per-stage optimizer states, or None."""
+def run_bases(state, labels, num_stages):
+  """Per-leaf (U, V) from a rotation run's per-stage optimizer states, or None."""
   parts = []
-  for opt_state in state.opt_states:
-    left, right = otu.tree_get(opt_state, "left"), otu.tree_get(opt_state, "right")
-    if left is None:
+  for opt_state, part in zip(state.opt_states, ps.split_stages(state.params, labels, num_stages)):
+    found = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, BasisRotationState))
+             if isinstance(x, BasisRotationState)]
+    if not found:
       return None
-    parts.append(jax.tree.map(lambda l, r: (l, r), left, right))
+    parts.append(leaf_bases(found[0], part))
   return ps.merge_stages(parts, labels)
 
 
@@ -103,7 +104,7 @@ def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=
   ds = data_lib.load(data_path, context=cfg_context)
   pipe, state, loss_fn = runs.restore_state(spec, ds, run_dir)
   params, labels = state.params, pipe.labels
-  bases = run_bases(state, labels)
+  bases = run_bases(state, labels, spec.stages)
   batch_list = [ds.batch(spec.seed + 777, j, spec.batch_size, cfg_context) for j in range(batches)]
   if paths is None:  # the first and last block's attention query and MLP input kernels
     last = spec.num_blocks or len(params["blocks"])
@@ -112,7 +113,8 @@ def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=
   rows = []
   for path in paths:
     leaf = _get(params, path)
-    if bases is not None and _get(bases, path)[0].size and _get(bases, path)[1].size:
+    own = _get(bases, path) if bases is not None else None
+    if own is not None and own[0].size and own[1].size:
       basis, source = _get(bases, path), "optimizer state"
     else:
       basis, source = gradient_bases(loss_fn, params, path, batch_list), "gradient statistics"

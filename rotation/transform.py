@@ -26,6 +26,7 @@ whose result is not finite keeps the previous basis and moments instead of insta
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple, Optional, Union
 
@@ -44,16 +45,19 @@ DEFAULT_MAX_PRECOND_DIM = 10000
 class BasisRotationState(NamedTuple):
   """State of ``scale_by_basis_rotation``.
 
-  Per-leaf fields have the parameters' tree structure; a leaf viewed as an ``(m, n)`` matrix holds
-  the arrays below, and ``(0, 0)`` float32 placeholders where a side is not rotated.
+  Rotated matrices of the same shape (and refresh period and sides) form a *group* and are stored
+  stacked on a leading axis of size k, so that every step runs a few batched matmuls instead of
+  one small op per matrix. Groups are ordered by first appearance among the flattened parameters;
+  ``leaf_bases`` maps them back to per-leaf bases. An unrotated side has ``(k, 0, 0)`` placeholders.
   """
 
   count: jax.Array  # int32 (): updates taken so far.
-  left: Any  # per leaf float32 (m, m): left basis U, columns by descending eigenvalue.
-  right: Any  # per leaf float32 (n, n): right basis V, columns by descending eigenvalue.
-  stat_left: Any  # per leaf float32 (m, m): EMA of G G^T (second-order source only).
-  stat_right: Any  # per leaf float32 (n, n): EMA of G^T G (second-order source only).
-  inner_state: optax.OptState  # inner's state; its moments live in rotated coordinates.
+  members: tuple  # per group int32 (k,): positions of its matrices among the flattened leaves.
+  left: tuple  # per group float32 (k, m, m): left bases U, columns by descending eigenvalue.
+  right: tuple  # per group float32 (k, n, n): right bases V, columns by descending eigenvalue.
+  stat_left: tuple  # per group float32 (k, m, m): EMA of G G^T (second-order source only).
+  stat_right: tuple  # per group float32 (k, n, n): EMA of G^T G (second-order source only).
+  inner_state: optax.OptState  # inner's state over (unrotated leaves, rotated group stacks).
 
 
 def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
@@ -94,10 +98,6 @@ def _rotated_sides(shape, selected, geometry, max_dim):
   return left and m <= max_dim, right and n <= max_dim
 
 
-def _empty():
-  return jnp.zeros((0, 0), jnp.float32)
-
-
 def _rotate_in(g, ql, qr):
   if ql.size:
     g = eb.mm(ql.T, g)
@@ -112,6 +112,31 @@ def _rotate_out(u, ql, qr):
   if qr.size:
     u = eb.mm(u, qr.T)
   return u
+
+
+class _Plan(NamedTuple):
+  """Static layout: which flattened leaves are rotated, in which group."""
+
+  treedef: Any
+  shapes: tuple  # per leaf
+  plain: tuple  # indices of unrotated leaves
+  groups: tuple  # per group: (members, (m, n), rotate_left, rotate_right, period)
+
+
+def _plan(tree, mask, geometry, max_dim, refresh_every) -> _Plan:
+  leaves, treedef = jax.tree.flatten(tree)
+  selected = jax.tree.leaves(_mask_tree(mask, tree))
+  periods = jax.tree.leaves(_periods(refresh_every, tree))
+  plain, groups = [], {}
+  for i, (leaf, sel, period) in enumerate(zip(leaves, selected, periods)):
+    left, right = _rotated_sides(jnp.shape(leaf), bool(sel), geometry, max_dim)
+    if left or right:
+      key = (_matrix_shape(jnp.shape(leaf)), left, right, period)
+      groups.setdefault(key, []).append(i)
+    else:
+      plain.append(i)
+  return _Plan(treedef, tuple(jnp.shape(x) for x in leaves), tuple(plain),
+               tuple((tuple(members), *key) for key, members in groups.items()))
 
 
 def _check_int_periods(refresh_every):
@@ -203,110 +228,121 @@ def scale_by_basis_rotation(
   inner = scale_by_adam(b1, b2, eps) if inner is None else inner
   bs = b2 if shampoo_beta is None else shampoo_beta
 
+  def plan_of(tree):
+    return _plan(tree, mask, geometry, max_precond_dim, refresh_every)
+
+  def inner_tree(plan, leaves):
+    """The rotated space: (unrotated leaves, one (k, m, n) stack per group), float32."""
+    plain = [leaves[i].astype(jnp.float32) for i in plan.plain]
+    stacks = [jnp.stack([leaves[i].reshape(shape).astype(jnp.float32) for i in members])
+              for members, shape, *_ in plan.groups]
+    return plain, stacks
+
   def init_fn(params):
-    selected = _mask_tree(mask, params)
-    _periods(refresh_every, params)  # validates the structure early
-
-    def leaf(p, sel, second_stat):
-      left, right = _rotated_sides(jnp.shape(p), sel, geometry, max_precond_dim)
-      m, n = _matrix_shape(jnp.shape(p)) if (left or right) else (0, 0)
-      make = (lambda k: jnp.zeros((k, k), jnp.float32)) if second_stat else (lambda k: jnp.eye(k, dtype=jnp.float32))
-      use_stat = source == "second" or not second_stat
-      return (make(m) if left and use_stat else _empty(), make(n) if right and use_stat else _empty())
-
-    bases = jax.tree.map(lambda p, s: leaf(p, s, False), params, selected)
-    stats = jax.tree.map(lambda p, s: leaf(p, s, True), params, selected)
-    left = jax.tree.map(lambda _, b: b[0], params, bases)
-    right = jax.tree.map(lambda _, b: b[1], params, bases)
-    inner_params = jax.tree.map(
-        lambda p, ql, qr: jnp.zeros(_matrix_shape(p.shape) if ql.size or qr.size else p.shape, jnp.float32),
-        params, left, right)
-    inner_state = inner.init(inner_params)
+    plan = plan_of(params)
+    leaves = jax.tree.leaves(params)
+    side = lambda k, d, on, fill: fill((k, d, d)) if on else jnp.zeros((k, 0, 0), jnp.float32)
+    eye = lambda shape: jnp.broadcast_to(jnp.eye(shape[1], dtype=jnp.float32), shape)
+    zeros = lambda shape: jnp.zeros(shape, jnp.float32)
+    second = source == "second"
+    groups = plan.groups
+    inner_state = inner.init(inner_tree(plan, [jnp.zeros(jnp.shape(x), jnp.float32) for x in leaves]))
     if source == "first" and otu.tree_get(inner_state, "mu") is None:
       raise ValueError("source='first' needs an inner transformation with a first moment named 'mu'")
     return BasisRotationState(
-        count=jnp.zeros([], jnp.int32), left=left, right=right,
-        stat_left=jax.tree.map(lambda _, s: s[0], params, stats),
-        stat_right=jax.tree.map(lambda _, s: s[1], params, stats),
+        count=jnp.zeros([], jnp.int32),
+        members=tuple(jnp.asarray(members, jnp.int32) for members, *_ in groups),
+        left=tuple(side(len(g[0]), g[1][0], g[2], eye) for g in groups),
+        right=tuple(side(len(g[0]), g[1][1], g[3], eye) for g in groups),
+        stat_left=tuple(side(len(g[0]), g[1][0], g[2] and second, zeros) for g in groups),
+        stat_right=tuple(side(len(g[0]), g[1][1], g[3] and second, zeros) for g in groups),
         inner_state=inner_state)
+
+  def statistics(g, sl, sr):
+    """One matrix's second-order statistics L, R (updated every step; lifted with vmap)."""
+    if source == "second":
+      if sl.size:
+        sl = bs * sl + (1 - bs) * eb.mm(g, g.T)
+      if sr.size:
+        sr = bs * sr + (1 - bs) * eb.mm(g.T, g)
+    return sl, sr
+
+  def refresh(warm, args):
+    """One matrix's basis refresh, first-moment re-expression and second-moment permutation."""
+    g, ql, qr, sl, sr, mu, nu = args
+    rot_l, rot_r = ql.size > 0, qr.size > 0
+    if source == "first":
+      look_ahead = b1 * _rotate_out(mu, ql, qr) + (1 - b1) * g
+      if warm:
+        new_l, new_r, new_nu = eb.first_order_bases(look_ahead, ql, qr, nu, rot_l, rot_r)
+      else:
+        new_l, new_r = eb.svd_bases(look_ahead, rot_l, rot_r)
+        new_l, new_r, new_nu = (ql if new_l is None else new_l), (qr if new_r is None else new_r), nu
+    elif warm:
+      new_l, new_r, new_nu = ql, qr, nu
+      if rot_l:
+        new_l, new_nu = eb.warm_refresh_second(ql, sl, new_nu, axis=0)
+      if rot_r:
+        new_r, new_nu = eb.warm_refresh_second(qr, sr, new_nu, axis=1)
+    else:
+      new_l = eb.eigh_descending(sl) if rot_l else ql
+      new_r = eb.eigh_descending(sr) if rot_r else qr
+      new_nu = nu
+    new_mu = mu  # exact re-expression of the first moment in the new basis
+    if rot_l:
+      new_mu = eb.mm(eb.mm(new_l.T, ql), new_mu)
+    if rot_r:
+      new_mu = eb.mm(new_mu, eb.mm(qr.T, new_r))
+    ok = jnp.all(jnp.isfinite(new_l)) & jnp.all(jnp.isfinite(new_r)) & jnp.all(jnp.isfinite(new_nu))
+    keep = lambda new, old: jnp.where(ok, new, old)
+    return keep(new_l, ql), keep(new_r, qr), keep(new_mu, mu), keep(new_nu, nu)
+
+  def group_step(count, period, g, ql, qr, sl, sr, mu, nu):
+    """A group of k same-shape matrices: statistics, refresh under lax.switch, rotation in.
+
+    The refresh loops over the matrices with ``lax.map`` rather than batching them: batched CPU
+    LAPACK kernels (eigh, QR) can deadlock XLA's thread pool when several run concurrently.
+    """
+    sl, sr = jax.vmap(statistics)(g, sl, sr)
+    keep = lambda args: (args[1], args[2], args[5], args[6])
+    cold = lambda args: jax.lax.map(functools.partial(refresh, False), args)
+    warm = lambda args: jax.lax.map(functools.partial(refresh, True), args)
+    branch = jnp.where(count == 1, 1, jnp.where(count % period == 0, 2, 0))
+    ql, qr, mu, nu = jax.lax.switch(branch, [keep, cold, warm], (g, ql, qr, sl, sr, mu, nu))
+    return jax.vmap(_rotate_in)(g, ql, qr), ql, qr, sl, sr, mu, nu
 
   def update_fn(updates, state, params=None, **extra_args):
     del params
+    plan = plan_of(updates)
+    leaves = jax.tree.leaves(updates)
     count = optax.safe_int32_increment(state.count)
-    periods = _periods(refresh_every, updates)
+    plain, stacks = inner_tree(plan, leaves)
     mus = otu.tree_get(state.inner_state, "mu")
     nus = otu.tree_get(state.inner_state, "nu")
-    placeholder = lambda: jax.tree.map(lambda g, ql, qr: jnp.zeros(
-        _matrix_shape(g.shape) if ql.size or qr.size else g.shape, jnp.float32), updates, state.left, state.right)
-    mus_in = placeholder() if mus is None else mus
-    nus_in = placeholder() if nus is None else nus
-
-    def leaf(g, ql, qr, sl, sr, mu, nu, period):
-      rot_l, rot_r = ql.size > 0, qr.size > 0
-      if not (rot_l or rot_r):
-        return g.astype(jnp.float32), ql, qr, sl, sr, mu, nu
-      mat = g.reshape(_matrix_shape(g.shape)).astype(jnp.float32)
-      if source == "second":
-        if rot_l:
-          sl = bs * sl + (1 - bs) * eb.mm(mat, mat.T)
-        if rot_r:
-          sr = bs * sr + (1 - bs) * eb.mm(mat.T, mat)
-
-      def look_ahead_momentum(mu):
-        return b1 * _rotate_out(mu, ql, qr) + (1 - b1) * mat
-
-      def cold(mu, nu):
-        if source == "second":
-          new_l = eb.eigh_descending(sl) if rot_l else ql
-          new_r = eb.eigh_descending(sr) if rot_r else qr
-        else:
-          new_l, new_r = eb.svd_bases(look_ahead_momentum(mu), rot_l, rot_r)
-          new_l, new_r = (ql if new_l is None else new_l), (qr if new_r is None else new_r)
-        return new_l, new_r, nu
-
-      def warm(mu, nu):
-        if source == "second":
-          new_l, new_r = ql, qr
-          if rot_l:
-            new_l, nu = eb.warm_refresh_second(ql, sl, nu, axis=0)
-          if rot_r:
-            new_r, nu = eb.warm_refresh_second(qr, sr, nu, axis=1)
-          return new_l, new_r, nu
-        return eb.first_order_bases(look_ahead_momentum(mu), ql, qr, nu, rot_l, rot_r)
-
-      def refreshed(branch):
-        def run(mu, nu):
-          new_l, new_r, new_nu = branch(mu, nu)
-          # Exact re-expression of the first moment in the new basis.
-          new_mu = mu
-          if rot_l:
-            new_mu = eb.mm(eb.mm(new_l.T, ql), new_mu)
-          if rot_r:
-            new_mu = eb.mm(new_mu, eb.mm(qr.T, new_r))
-          ok = jnp.all(jnp.isfinite(new_l)) & jnp.all(jnp.isfinite(new_r)) & jnp.all(jnp.isfinite(new_nu))
-          keep = lambda new, old: jnp.where(ok, new, old)
-          return keep(new_l, ql), keep(new_r, qr), keep(new_mu, mu), keep(new_nu, nu)
-        return run
-
-      branch = jnp.where(count == 1, 1, jnp.where(count % period == 0, 2, 0))
-      ql, qr, mu, nu = jax.lax.switch(
-          branch, [lambda mu, nu: (ql, qr, mu, nu), refreshed(cold), refreshed(warm)], mu, nu)
-      return _rotate_in(mat, ql, qr), ql, qr, sl, sr, mu, nu
-
-    outs = jax.tree.map(leaf, updates, state.left, state.right, state.stat_left, state.stat_right,
-                        mus_in, nus_in, periods)
-    pick = lambda i: jax.tree.map(lambda _, o: o[i], updates, outs)
-    rotated, left, right, stat_left, stat_right = (pick(i) for i in range(5))
+    outs = []
+    for j, (_, _, _, _, period) in enumerate(plan.groups):
+      mu = stacks[j] * 0 if mus is None else mus[1][j]
+      nu = stacks[j] * 0 if nus is None else nus[1][j]
+      outs.append(group_step(count, period, stacks[j], state.left[j], state.right[j],
+                             state.stat_left[j], state.stat_right[j], mu, nu))
+    rotated, left, right, stat_left, stat_right, new_mu, new_nu = (
+        [o[i] for o in outs] for i in range(7))
     inner_state = state.inner_state
     if mus is not None:
-      inner_state = otu.tree_set(inner_state, mu=pick(5))
+      inner_state = otu.tree_set(inner_state, mu=(mus[0], new_mu))
     if nus is not None:
-      inner_state = otu.tree_set(inner_state, nu=pick(6))
-    inner_updates, inner_state = inner.update(rotated, inner_state, None, **extra_args)
-    new_updates = jax.tree.map(
-        lambda g, u, ql, qr: _rotate_out(u, ql, qr).reshape(g.shape).astype(g.dtype),
-        updates, inner_updates, left, right)
-    return new_updates, BasisRotationState(count, left, right, stat_left, stat_right, inner_state)
+      inner_state = otu.tree_set(inner_state, nu=(nus[0], new_nu))
+    (plain_u, stack_u), inner_state = inner.update((plain, rotated), inner_state, None, **extra_args)
+    out = [None] * len(leaves)
+    for i, u in zip(plan.plain, plain_u):
+      out[i] = u.astype(leaves[i].dtype)
+    for j, (members, *_) in enumerate(plan.groups):
+      back = jax.vmap(_rotate_out)(stack_u[j], left[j], right[j])
+      for row, i in enumerate(members):
+        out[i] = back[row].reshape(plan.shapes[i]).astype(leaves[i].dtype)
+    new_state = BasisRotationState(count, state.members, tuple(left), tuple(right), tuple(stat_left),
+                                   tuple(stat_right), inner_state)
+    return jax.tree.unflatten(plan.treedef, out), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -356,3 +392,14 @@ def basis_rotation(
       optax.add_decayed_weights(weight_decay, weight_decay_mask),
       optax.scale_by_learning_rate(learning_rate),
   )
+
+
+def leaf_bases(state: BasisRotationState, params):
+  """Per-leaf ``(U, V)`` of a ``BasisRotationState`` (``None`` for unrotated leaves; a ``(0, 0)``
+  array for an unrotated side). A host-side utility for diagnostics and tests."""
+  leaves, treedef = jax.tree.flatten(params)
+  out = [None] * len(leaves)
+  for members, left, right in zip(state.members, state.left, state.right):
+    for row, i in enumerate(jax.device_get(members).tolist()):
+      out[i] = (left[row], right[row])
+  return jax.tree.unflatten(treedef, out)
