@@ -43,7 +43,7 @@ def optimizers(refresh_every):
                                                                mask=M.rotation_mask)}
 
 
-def bench_update(params, refresh_every, steps):
+def bench_update(params, refresh_every, steps, rounds=3):
   """Per-step time of the update alone (averaged over a full refresh period), FLOPs, compile s."""
   grads = jax.tree.map(lambda p: 0.01 * jnp.ones_like(p), params)
   out = {}
@@ -56,7 +56,7 @@ def bench_update(params, refresh_every, steps):
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state).compile()
     compile_s = time.perf_counter() - t0
     flops = costs.measure(step, params, state, time_it=False).flops
-    per = _time(compiled, (jax.tree.map(jnp.copy, params), state), steps)
+    per = _time(compiled, (jax.tree.map(jnp.copy, params), state), steps, rounds)
     out[name] = {"seconds": per, "flops": flops, "compile": compile_s}
   return out
 
@@ -92,11 +92,11 @@ def main(argv=None):
     print(f"cpu-deep whole training step, batch {batch}: rotation / adamw = "
           f"{train['rotation'] / train['adamw']:.2f}x (without warm refreshes "
           f"{train['rotation, no warm refresh'] / train['adamw']:.2f}x)")
-  cases = [("cpu-deep", M.init(cfg)[1])]
-  if not args.skip_95m:
-    cases.append(("paper-95m", M.init(M.CONFIGS["paper-95m"])[1]))
-  for name, params in cases:
-    r = bench_update(params, args.refresh_every, args.steps)
+  cases = [("cpu-deep", M.init(cfg)[1], args.steps, 3)]
+  if not args.skip_95m:  # one refresh period, once: a 95M warm refresh takes tens of seconds on a CPU
+    cases.append(("paper-95m", M.init(M.CONFIGS["paper-95m"])[1], args.refresh_every, 1))
+  for name, params, steps, rounds in cases:
+    r = bench_update(params, args.refresh_every, steps, rounds)
     a, b, c = r["adamw"], r["rotation"], r["rotation, no warm refresh"]
     print(f"{name} update alone: rotation / adamw = {b['seconds'] / a['seconds']:.2f}x "
           f"(without warm refreshes {c['seconds'] / a['seconds']:.2f}x); "

@@ -26,8 +26,9 @@ def smooth(losses: Sequence[float], window: int) -> np.ndarray:
   x = np.asarray(losses, np.float64)
   window = max(1, min(int(window), len(x)))
   out = np.full(len(x), np.nan)
-  c = np.concatenate([[0.0], np.cumsum(x)])
-  out[window - 1:] = (c[window:] - c[:-window]) / window
+  with np.errstate(invalid="ignore"):  # inf - inf (a diverged run) is NaN: never "reached"
+    c = np.concatenate([[0.0], np.cumsum(x)])
+    out[window - 1:] = (c[window:] - c[:-window]) / window
   return out
 
 

@@ -4,7 +4,7 @@
 estimated Hessian eigenbasis ``G~ = U^T G V``, runs ``inner`` (Adam by default) on the rotated
 gradients, and rotates the update back ``U u~ V^T``. The bases are Kronecker factors per matrix,
 refreshed infrequently (cold start by ``eigh``/SVD at step 1, then one QR power-iteration step every
-``refresh_every`` steps) under ``jax.lax.cond``.
+``refresh_every`` steps) under ``jax.lax.switch``.
 
 Moment handling across a basis change: fields named ``mu`` in the inner state are first moments
 kept in rotated coordinates and re-expressed exactly, ``M~_new = U_new^T U_old M~_old V_old^T V_new``,
@@ -14,7 +14,9 @@ Any other inner state is left as it is.
 
 Leaves: 0-D and 1-D leaves, leaves the mask excludes and sides longer than ``max_precond_dim``
 are not rotated (those leaves get plain ``inner``). A leaf with more than two axes is treated as
-the matrix ``(prod(shape[:-1]), shape[-1])``: leading axes are merged into the row side.
+the matrix ``(prod(shape[:-1]), shape[-1])``: leading axes are merged into the row side. A
+callable ``mask`` is evaluated on the parameters at init and on the updates at every step (as in
+``optax.masked``), so it must depend only on the tree's structure and shapes.
 
 Numerics: statistics, ``eigh``, QR and rotations run in float32 with ``Precision.HIGHEST``
 whatever the parameter dtype; updates are returned in the gradient's dtype.

@@ -1,0 +1,26 @@
+import numpy as np
+import optax
+
+import rotation
+from experiments import toy_quadratic as toy
+
+
+def test_hessians():
+  for angle in (0.0, 45.0):
+    h = toy.hessian(angle)
+    np.testing.assert_allclose(h, h.T)
+    np.testing.assert_allclose(np.linalg.eigvalsh(h), toy.EIGS, rtol=1e-9)
+  assert abs(toy.hessian(45.0)[0, 1]) > 1  # rotated: off-diagonal curvature
+
+
+def test_delay_hurts_adam_on_rotated_hessian_and_rotation_recovers():
+  h = toy.hessian(45.0)
+  adam = lambda: optax.adam(0.05)
+  rot = lambda: rotation.basis_rotation(0.05, weight_decay=0.0, refresh_every=5)
+  path, adam_fresh, _ = toy.trajectory(adam(), h, delay=0)
+  assert path.shape == (201, 2)
+  _, adam_stale, against = toy.trajectory(adam(), h, delay=8)
+  _, rot_stale, _ = toy.trajectory(rot(), h, delay=8)
+  assert adam_stale[-1] > 5 * adam_fresh[-1]
+  assert rot_stale[-1] < 0.5 * adam_stale[-1]
+  assert 0.0 < against < 1.0
