@@ -70,7 +70,7 @@ def test_scalar_loss_years_and_multi_objective():
   assert abs(7e9 * 0.1 / modes.SECONDS_PER_YEAR - 22.2) < 0.1
   err, one, many, many_loop = modes.multi_objective(num_losses=8, n=64)
   assert err < 1e-5
-  assert 4 < many_loop / one < 12  # about m = 8 VJPs
+  assert abs(many_loop / one - 4.5) < 0.45  # m = 8 VJPs sharing one forward: (1 + m) / 2
 
 
 def test_square_jacobian_memory_growth():
