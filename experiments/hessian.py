@@ -20,7 +20,6 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import pipeline_sim as ps
 from experiments import data as data_lib

@@ -8,7 +8,6 @@ import pytest
 from flax import nnx
 
 import rotation
-from rotation import transform
 
 B1, B2, EPS, LR, WD = 0.9, 0.999, 1e-8, 1e-2, 0.01
 
@@ -263,11 +262,11 @@ def test_rotation_beats_adam_on_rotated_ill_conditioned_quadratic():
 
   def steps_to_1_percent(tx, limit=400):
     step, w = make_step(tx), jnp.zeros((8, 6))
-    state = tx.init(w)
+    state, first = tx.init(w), None
     for i in range(limit):
       w, state, l = step(w, state, jax.random.PRNGKey(i))
-      l0 = float(l) if i == 0 else l0
-      if float(l) < 0.01 * l0:
+      first = float(l) if first is None else first
+      if float(l) < 0.01 * first:
         return i
     return limit
 
