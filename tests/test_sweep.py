@@ -100,3 +100,16 @@ def test_bad_input_fails_before_training(tmp_path, argv, match):
 def test_missing_data_file(tmp_path):
   with pytest.raises(FileNotFoundError, match="nope.txt"):
     sweep.main(["--preset", "smoke", "--data", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "y")])
+
+
+def test_tune_lr_records_and_uses_the_choice(tmp_path):
+  out = sweep.main(["--preset", "smoke", "--methods", "pipedream", "--stages", "1", "--tune-lr",
+                    "--out", str(tmp_path / "t")])
+  tuning = json.loads((out / "tuning.json").read_text())
+  grid = {3e-3 * m for m in (0.5, 1.0, 2.0)}
+  chosen = tuning["chosen"]["pipedream"]
+  assert any(abs(chosen - g) < 1e-12 for g in grid) and len(tuning["trials"]["pipedream"]) == 3
+  finals = {float(k): v for k, v in tuning["trials"]["pipedream"].items()}
+  assert finals[chosen] == min(finals.values())
+  main = [json.loads(p.read_text()) for p in (out / "runs").glob("*/result.json") if "_tune" not in p.parent.name]
+  assert len(main) == 1 and main[0]["spec"]["lr"] == chosen
