@@ -67,6 +67,16 @@ class Plan:
   ablations: tuple  # (group name, RunSpec) pairs
 
 
+def preset_spec(preset: presets_lib.Preset, method: str, stages: int, seed: int, **overrides):
+  """A run of ``method`` at P = ``stages`` with the preset's settings, then ``overrides``."""
+  fields = dict(method=method, stages=stages, seed=seed, lr=preset.learning_rate(method),
+                steps=preset.steps, batch_size=preset.batch_size, model=preset.model,
+                chunk=preset.chunk, eval_every=preset.eval_every, eval_batches=preset.eval_batches,
+                checkpoint_every=preset.checkpoint_every, warmup_fraction=preset.warmup_fraction,
+                pipemare_fraction=preset.pipemare_fraction)
+  return runs.RunSpec(**{**fields, **overrides})
+
+
 def make_plan(args) -> Plan:
   """All run specs, validated before any training starts."""
   if args.preset not in presets_lib.PRESETS:
@@ -89,11 +99,7 @@ def make_plan(args) -> Plan:
 
   def spec(method, p, seed, **kw):
     kw.setdefault("mode", args.mode)
-    s = runs.RunSpec(method=method, stages=p, seed=seed, lr=preset.learning_rate(method),
-                     steps=preset.steps, batch_size=preset.batch_size, model=preset.model,
-                     chunk=preset.chunk, eval_every=preset.eval_every, eval_batches=preset.eval_batches,
-                     checkpoint_every=preset.checkpoint_every, warmup_fraction=preset.warmup_fraction,
-                     pipemare_fraction=preset.pipemare_fraction, **kw)
+    s = preset_spec(preset, method, p, seed, **kw)
     s.validate()
     return s
 
@@ -133,11 +139,8 @@ def tune_learning_rates(plan: Plan, ds, out: pathlib.Path, overall) -> dict:
     base = preset.learning_rate(method)
     scores = {}
     for mult in preset.tune_grid:
-      spec = runs.RunSpec(method=method, stages=1, seed=0, lr=base * mult, steps=steps,
-                          batch_size=preset.batch_size, model=preset.model, chunk=preset.chunk,
-                          eval_every=steps, eval_batches=preset.eval_batches, checkpoint_every=steps,
-                          warmup_fraction=preset.warmup_fraction,
-                          pipemare_fraction=preset.pipemare_fraction, tag="tune")
+      spec = preset_spec(preset, method, 1, 0, lr=base * mult, steps=steps, eval_every=steps,
+                         checkpoint_every=steps, tag="tune")
       result = _run(spec, ds, out, overall)
       window = max(1, int(steps * preset.smooth_fraction))
       final = report.final_loss(result, window)
