@@ -32,7 +32,8 @@ def text(claims) -> str:
   width = max(len(c.claim) for c in claims)
   lines = []
   for c in claims:
-    lines.append(f"[{'PASS' if c.passed else 'FAIL'}] {c.topic:<14} {c.claim:<{width}}  seed: {c.seed}  |  measured: {c.measured}")
+    lines.append(f"[{'PASS' if c.passed else 'FAIL'}] {c.topic:<14} {c.claim:<{width}}  "
+                 f"seed: {c.seed}  |  measured: {c.measured}")
   lines.append(f"{sum(c.passed for c in claims)} passed, {sum(not c.passed for c in claims)} failed")
   return "\n".join(lines)
 

@@ -15,9 +15,8 @@ import jax.numpy as jnp
 import optax
 
 import rotation
-from autodiff_demos import costs
 from experiments import data as data_lib
-from experiments import model as M
+from experiments import model as model_lib
 
 
 def _time(fn, args, steps, rounds=3):
@@ -37,10 +36,11 @@ def _time(fn, args, steps, rounds=3):
 
 def optimizers(refresh_every):
   return {"adamw": optax.adamw(1e-3, weight_decay=0.01),
-          "rotation": rotation.basis_rotation(1e-3, refresh_every=refresh_every, mask=M.rotation_mask),
+          "rotation": rotation.basis_rotation(1e-3, refresh_every=refresh_every,
+                                              mask=model_lib.rotation_mask),
           # Only the cold start: the per-step work alone (statistics and rotations).
           "rotation, no warm refresh": rotation.basis_rotation(1e-3, refresh_every=10**9,
-                                                               mask=M.rotation_mask)}
+                                                               mask=model_lib.rotation_mask)}
 
 
 def bench_update(params, refresh_every, steps, rounds=3):
@@ -55,15 +55,16 @@ def bench_update(params, refresh_every, steps, rounds=3):
     t0 = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state).compile()
     compile_s = time.perf_counter() - t0
-    flops = costs.measure(step, params, state, time_it=False).flops
+    analysis = compiled.cost_analysis()  # XLA's count; older JAX returns one dict per computation
+    flops = float((analysis[0] if isinstance(analysis, (list, tuple)) else analysis).get("flops", 0.0))
     per = _time(compiled, (jax.tree.map(jnp.copy, params), state), steps, rounds)
     out[name] = {"seconds": per, "flops": flops, "compile": compile_s}
   return out
 
 
 def bench_train_step(cfg, refresh_every, steps, batch_size):
-  graphdef, params = M.init(cfg)
-  loss_fn = M.make_loss(graphdef)
+  graphdef, params = model_lib.init(cfg)
+  loss_fn = model_lib.make_loss(graphdef)
   ds = data_lib.default_corpus(cfg.context)
   batch = tuple(jnp.asarray(x) for x in ds.batch(0, 0, batch_size, cfg.context))
   out = {}
@@ -84,7 +85,7 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=40, help="timed steps (a multiple of the period)")
   parser.add_argument("--skip-95m", action="store_true", help="skip the 95M weight shapes")
   args = parser.parse_args(argv)
-  cfg = M.CONFIGS["cpu-deep"]
+  cfg = model_lib.CONFIGS["cpu-deep"]
   print(f"backend: {jax.default_backend()}; refresh_every={args.refresh_every}; "
         f"best of 3 means over {args.steps} steps")
   for batch in (16, 64):
@@ -92,9 +93,9 @@ def main(argv=None):
     print(f"cpu-deep whole training step, batch {batch}: rotation / adamw = "
           f"{train['rotation'] / train['adamw']:.2f}x (without warm refreshes "
           f"{train['rotation, no warm refresh'] / train['adamw']:.2f}x)")
-  cases = [("cpu-deep", M.init(cfg)[1], args.steps, 3)]
+  cases = [("cpu-deep", model_lib.init(cfg)[1], args.steps, 3)]
   if not args.skip_95m:  # one refresh period, once: a 95M warm refresh takes tens of seconds on a CPU
-    cases.append(("paper-95m", M.init(M.CONFIGS["paper-95m"])[1], args.refresh_every, 1))
+    cases.append(("paper-95m", model_lib.init(model_lib.CONFIGS["paper-95m"])[1], args.refresh_every, 1))
   for name, params, steps, rounds in cases:
     r = bench_update(params, args.refresh_every, steps, rounds)
     a, b, c = r["adamw"], r["rotation"], r["rotation, no warm refresh"]

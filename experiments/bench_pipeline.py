@@ -16,7 +16,7 @@ import optax
 
 import pipeline_sim as ps
 from experiments import data as data_lib
-from experiments import model as M
+from experiments import model as model_lib
 
 
 def _per_step(run, state, batches, repeats):
@@ -48,19 +48,19 @@ def main(argv=None):
   parser.add_argument("--chunk", type=int, default=50)
   parser.add_argument("--repeats", type=int, default=5)
   args = parser.parse_args(argv)
-  cfg = M.CONFIGS["cpu-deep"]
-  graphdef, params = M.init(cfg)
-  loss_fn = M.make_loss(graphdef)
+  cfg = model_lib.CONFIGS["cpu-deep"]
+  graphdef, params = model_lib.init(cfg)
+  loss_fn = model_lib.make_loss(graphdef)
   ds = data_lib.default_corpus(cfg.context)
   batches = ds.batches(0, 0, args.chunk, 16, cfg.context)
   opt = optax.adamw(1e-3)
   plain, _ = _per_step(plain_run(loss_fn, opt), (jax.tree.map(jax.numpy.copy, params), opt.init(params)),
                        batches, args.repeats)
-  n_params = M.count_params(params)
+  n_params = model_lib.count_params(params)
   print(f"backend: {jax.default_backend()}; cpu-deep ({n_params} parameters), chunk {args.chunk}")
   for stages in (8, cfg.num_blocks):
     for mode in ("weight_stashing", "stale_gradients"):
-      pipe = ps.Pipeline(loss_fn, opt, M.stage_labels(params, stages), stages, mode)
+      pipe = ps.Pipeline(loss_fn, opt, model_lib.stage_labels(params, stages), mode)
       t, state = _per_step(pipe.run, pipe.init(params), batches, args.repeats)
       nbytes = pipe.buffer_bytes(state)
       print(f"P={stages:<3d} {mode:<16s} step time / plain = {t / plain:.3f}x; "

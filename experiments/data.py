@@ -77,9 +77,8 @@ def stdlib_files() -> list[pathlib.Path]:
                 if "site-packages" not in p.parts and "dist-packages" not in p.parts and p.is_file())
 
 
-def default_corpus(context: int, valid_fraction: float = 0.1,
-                   max_bytes: int = DEFAULT_CORPUS_BYTES) -> Dataset:
-  """The default corpus: standard-library source bytes, vocabulary 256."""
+def default_corpus_bytes(max_bytes: int = DEFAULT_CORPUS_BYTES) -> bytes:
+  """The first ``max_bytes`` of the concatenated standard-library ``.py`` files."""
   chunks, size = [], 0
   for path in stdlib_files():
     data = path.read_bytes()
@@ -90,6 +89,13 @@ def default_corpus(context: int, valid_fraction: float = 0.1,
   raw = b"".join(chunks)
   if not raw:
     raise ValueError(f"no standard-library .py files found under {sysconfig.get_paths()['stdlib']}")
+  return raw
+
+
+def default_corpus(context: int, valid_fraction: float = 0.1,
+                   max_bytes: int = DEFAULT_CORPUS_BYTES) -> Dataset:
+  """The default corpus: standard-library source bytes, vocabulary 256."""
+  raw = default_corpus_bytes(max_bytes)
   tokens = np.frombuffer(raw, dtype=np.uint8)
   train, valid = _split(tokens, valid_fraction, context, "the default corpus")
   return Dataset(train, valid, 256, f"python{sysconfig.get_python_version()}-stdlib",
@@ -98,6 +104,8 @@ def default_corpus(context: int, valid_fraction: float = 0.1,
 
 def _check_file(path) -> pathlib.Path:
   path = pathlib.Path(path)
+  if path.is_dir():
+    raise ValueError(f"data path {str(path)!r} is a folder; give a text file or a .bin token file")
   if not path.is_file():
     raise FileNotFoundError(f"data file {str(path)!r} does not exist")
   if path.stat().st_size == 0:
@@ -139,8 +147,47 @@ def token_file(path, context: int, vocab_size: int, valid_fraction: float = 0.1)
 def load(path, context: int, vocab_size: int | None = None, valid_fraction: float = 0.1) -> Dataset:
   """``None``: the default corpus; ``*.bin``: uint16 tokens (needs vocab_size, default 50257 for
   GPT-2 tokens); anything else: a byte-level text file."""
+  if str(path).endswith(".bin"):
+    return token_file(path, context, 50257 if vocab_size is None else vocab_size, valid_fraction)
+  if vocab_size is not None:
+    raise ValueError(f"--vocab-size {vocab_size} applies to .bin token files only; "
+                     f"{'the default corpus' if path is None else repr(str(path))} is read as bytes "
+                     "(vocabulary 256)")
   if path is None:
     return default_corpus(context, valid_fraction)
-  if str(path).endswith(".bin"):
-    return token_file(path, context, vocab_size or 50257, valid_fraction)
   return text_file(path, context, valid_fraction)
+
+
+def bpe_token_file(raw: bytes, vocab_size: int, out_dir, valid_fraction: float = 0.1) -> pathlib.Path:
+  """Trains a byte-level BPE tokenizer offline on ``raw``'s training split and writes the whole text
+  as a uint16 token file beside it (``bpe<V>.json``, ``bpe<V>.bin``); an existing pair is reused.
+
+  The tokenizer never sees the last ``valid_fraction`` of the text (the validation split of the
+  token file is, to within a token, the same text). Uses the ``tokenizers`` library.
+  """
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+  if not 256 < vocab_size <= 2**16:
+    raise ValueError(f"BPE vocabulary must be in (256, 65536], got {vocab_size}")
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  json_path, bin_path = out_dir / f"bpe{vocab_size}.json", out_dir / f"bpe{vocab_size}.bin"
+  if json_path.exists() and bin_path.exists():
+    return bin_path
+  text = raw.decode("utf-8", errors="replace")
+  train_text = text[:int(len(text) * (1 - valid_fraction))]
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                show_progress=False)
+  lines = train_text.splitlines(keepends=True)
+  tok.train_from_iterator((lines[i:i + 1000] for i in range(0, len(lines), 1000)), trainer)
+  pieces = text.splitlines(keepends=True)
+  ids = [i for enc in tok.encode_batch(["".join(pieces[j:j + 200]) for j in range(0, len(pieces), 200)])
+         for i in enc.ids]
+  tmp = bin_path.with_suffix(".tmp")
+  np.asarray(ids, np.uint16).tofile(tmp)
+  tok.save(str(json_path))
+  tmp.replace(bin_path)
+  return bin_path

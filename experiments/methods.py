@@ -8,7 +8,7 @@ import optax
 
 import pipeline_sim as ps
 import rotation
-from experiments import model as M
+from experiments import model as model_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,9 +17,10 @@ class Method:
 
   Attributes:
     kind: ``adamw``, ``pipemare`` (PipeDream-LR), ``nadam`` (Nesterov) or ``rotation``.
-    source, geometry: rotation variant (SPEC section 2).
+    source, geometry: rotation variant (docs/algorithms.md section 2).
     refresh_every: uniform basis refresh period.
     allocation: stage-aware refresh allocation (``uniform``, ``proportional``, ``reverse``).
+    first_order_step: first-order unilateral refresh, ``paper`` or ``power``.
   """
 
   kind: str
@@ -27,6 +28,7 @@ class Method:
   geometry: str = "bilateral"
   refresh_every: int = 10
   allocation: str = "uniform"
+  first_order_step: str = "paper"
 
 
 METHODS = {
@@ -36,11 +38,16 @@ METHODS = {
     "rotation": Method("rotation"),  # second-order source, bilateral (the paper's default)
     "rotation-2nd-uni": Method("rotation", geometry="unilateral"),
     "rotation-1st-bi": Method("rotation", source="first"),
-    "rotation-1st-uni": Method("rotation", source="first", geometry="unilateral"),
+    "rotation-1st-uni": Method("rotation", source="first", geometry="unilateral"),  # the paper's step
+    "rotation-1st-uni-power": Method("rotation", source="first", geometry="unilateral",
+                                     first_order_step="power"),
     "rotation-sa": Method("rotation", allocation="proportional"),
     "rotation-sa-reverse": Method("rotation", allocation="reverse"),
     "rotation-T100": Method("rotation", refresh_every=100),
 }
+
+
+BASELINES = ("pipedream", "pipedream-lr", "nesterov")  # the asynchronous baselines of the study
 
 
 def check_method(name: str) -> Method:
@@ -49,31 +56,35 @@ def check_method(name: str) -> Method:
   return METHODS[name]
 
 
-def schedule(peak: float, steps: int, warmup_fraction: float) -> optax.Schedule:
-  """Linear warm-up from 1e-7, then cosine decay to 0.1 x peak (SPEC section 2)."""
-  warmup = max(1, int(steps * warmup_fraction))
-  return optax.warmup_cosine_decay_schedule(1e-7, peak, warmup, max(steps, warmup + 1), 0.1 * peak)
+def schedule(config) -> optax.Schedule:
+  """Linear warm-up from ``config.warmup_start`` over ``config.warmup_fraction`` of the steps, then
+  cosine decay to ``config.final_lr_fraction`` of the peak ``config.lr`` (the paper's schedule)."""
+  warmup = max(1, int(config.steps * config.warmup_fraction))
+  return optax.warmup_cosine_decay_schedule(config.warmup_start, config.lr, warmup,
+                                            max(config.steps, warmup + 1),
+                                            config.final_lr_fraction * config.lr)
 
 
-def stage_optimizers(name: str, peak_lr: float, num_stages: int, steps: int,
-                     warmup_fraction: float = 0.05, pipemare_fraction: float = 0.25,
-                     clip_norm: float = 1.0, weight_decay: float = 0.01):
-  """One optimizer per stage, each behind per-stage gradient clipping at ``clip_norm``."""
-  method = check_method(name)
-  lr = schedule(peak_lr, steps, warmup_fraction)
+def stage_optimizers(config) -> list[optax.GradientTransformation]:
+  """One optimizer per stage for ``config`` (an ``experiments.runs.RunConfig``), each behind
+  per-stage gradient clipping at ``config.clip_norm``."""
+  method = check_method(config.method)
+  lr, wd, num_stages = schedule(config), config.weight_decay, config.stages
   delays = ps.stage_delays(num_stages)
-  periods = rotation.stage_aware_refresh(delays, method.refresh_every, method.allocation)
+  period = config.refresh_every or method.refresh_every
+  periods = rotation.stage_aware_refresh(delays, period, method.allocation)
 
   def make(k):
     if method.kind == "adamw":
-      return ps.pipedream(lr, weight_decay=weight_decay)
+      return ps.pipedream(lr, weight_decay=wd)
     if method.kind == "pipemare":
-      return ps.pipedream_lr(lr, delays[k], max(1, int(pipemare_fraction * steps)),
-                             weight_decay=weight_decay)
+      return ps.pipedream_lr(lr, delays[k], max(1, int(config.pipemare_fraction * config.steps)),
+                             weight_decay=wd)
     if method.kind == "nadam":
-      return ps.nesterov(lr, weight_decay=weight_decay)
-    return rotation.basis_rotation(lr, weight_decay=weight_decay, source=method.source,
+      return ps.nesterov(lr, weight_decay=wd)
+    return rotation.basis_rotation(lr, weight_decay=wd, source=method.source,
                                    geometry=method.geometry, refresh_every=periods[k],
-                                   mask=M.rotation_mask)
+                                   first_order_step=method.first_order_step,
+                                   mask=model_lib.rotation_mask)
 
-  return ps.per_stage(make, num_stages, clip_norm=clip_norm)
+  return ps.per_stage(make, num_stages, clip_norm=config.clip_norm)

@@ -13,7 +13,8 @@ composition is the full forward. Activations between stages are ``(hidden, aux_l
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

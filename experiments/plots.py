@@ -74,3 +74,21 @@ def bars(values: dict, path: pathlib.Path, title: str, ylabel: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def series(lines: dict, path: pathlib.Path, title: str, xlabel: str, ylabel: str) -> None:
+  """One line per label through ``(x, y)`` points; ``None`` values are left out."""
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for label, pts in lines.items():
+    pts = [(x, y) for x, y in pts if y is not None]
+    if pts:
+      ax.plot(*zip(*pts), marker="o", label=label)
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title, fontsize=10)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

@@ -1,49 +1,37 @@
-"""Named sweep presets: model, data size, stages, methods, learning rates, step counts."""
+"""Named sweep presets: a run-config template plus the grid (methods, stages, ablations) around it."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from experiments import methods as methods_lib
+from experiments.runs import RunConfig
+
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-  """Everything a sweep needs besides the command-line overrides.
+  """A sweep: the template every run is made from, and what varies around it.
 
   Attributes:
     name: preset name.
-    model: key of ``experiments.model.CONFIGS``.
-    batch_size: micro-batch size (sequences).
-    steps: optimizer steps (= micro-batches) per run.
+    template: the run config every run starts from (``dataclasses.replace`` sets the rest).
     stages: pipeline depths P to sweep (P = 1 is the synchronous reference).
     methods: methods run at every P.
     learning_rates: peak learning rate per method (``default`` for the rest).
-    ablations: ablation groups run by default (see ``experiments.sweep.ABLATIONS``).
-    warmup_fraction: linear warm-up from 1e-7 over this fraction, then cosine to 0.1 x peak.
-    chunk: steps per jit-compiled scan (progress, checkpoint and evaluation granularity).
-    eval_every: steps between validation evaluations (a multiple of ``chunk``).
-    eval_batches: validation micro-batches per evaluation.
-    checkpoint_every: steps between checkpoints (a multiple of ``chunk``).
-    smooth_fraction: moving-average window for targets, as a fraction of ``steps``.
-    pipemare_fraction: PipeDream-LR's ``T_c`` as a fraction of ``steps``.
+    ablations: ablation groups run by default (see ``experiments.ablations``).
+    smooth_fraction: width of the centred moving-average window for targets, as a fraction of
+      the steps (see ``experiments.metrics``).
     tune_grid: multipliers of the preset learning rate tried by ``--tune-lr``.
-    tune_fraction: fraction of ``steps`` each tuning run trains (at P = 1).
+    tune_fraction: fraction of the steps each tuning run trains (at P = 1).
   """
 
   name: str
-  model: str
-  batch_size: int
-  steps: int
+  template: RunConfig
   stages: tuple[int, ...]
   methods: tuple[str, ...]
   learning_rates: tuple[tuple[str, float], ...]
   ablations: tuple[str, ...] = ()
-  warmup_fraction: float = 0.05
-  chunk: int = 50
-  eval_every: int = 250
-  eval_batches: int = 4
-  checkpoint_every: int = 250
   smooth_fraction: float = 0.05
-  pipemare_fraction: float = 0.25
   tune_grid: tuple[float, ...] = (0.5, 1.0, 2.0)
   tune_fraction: float = 0.25
 
@@ -51,22 +39,32 @@ class Preset:
     table = dict(self.learning_rates)
     return table.get(method, table["default"])
 
+  def config(self, method: str, stages: int, seed: int, **overrides) -> RunConfig:
+    """The run of ``method`` at P = ``stages``: the template, the method's rate, ``overrides``."""
+    fields = dict(method=method, stages=stages, seed=seed, lr=self.learning_rate(method))
+    return dataclasses.replace(self.template, **{**fields, **overrides})
 
-BASELINES = ("pipedream", "pipedream-lr", "nesterov")
+  def window(self, steps: int | None = None) -> int:
+    return max(1, int((steps or self.template.steps) * self.smooth_fraction))
+
+
+_MAIN = methods_lib.BASELINES + ("rotation",)
 
 PRESETS = {
     "smoke": Preset(
-        name="smoke", model="cpu-tiny", batch_size=4, steps=40, stages=(1, 4),
-        methods=("pipedream", "rotation"), learning_rates=(("default", 3e-3),),
-        chunk=10, eval_every=20, eval_batches=2, checkpoint_every=20, smooth_fraction=0.1),
+        name="smoke", template=RunConfig(model="cpu-tiny", batch_size=4, steps=40, chunk=10,
+                                         eval_every=20, eval_batches=2, checkpoint_every=20),
+        stages=(1, 4), methods=("pipedream", "rotation"), learning_rates=(("default", 3e-3),),
+        smooth_fraction=0.1),
     "cpu": Preset(
-        name="cpu", model="cpu-deep", batch_size=16, steps=1200, stages=(1, 2, 4, 8, 16),
-        methods=BASELINES + ("rotation",),
-        learning_rates=(("default", 3e-3), ("nesterov", 1.5e-3)),
-        chunk=100, eval_every=300, checkpoint_every=300),
+        name="cpu", template=RunConfig(model="cpu-deep", batch_size=16, steps=1200, chunk=100,
+                                       eval_every=300, checkpoint_every=300),
+        stages=(1, 2, 4, 8, 16), methods=_MAIN,
+        learning_rates=(("default", 3e-3), ("nesterov", 1.5e-3))),
     "gpu-95m": Preset(
-        name="gpu-95m", model="paper-95m", batch_size=32, steps=10000, stages=(1, 2, 4, 8, 16, 32),
-        methods=BASELINES + ("rotation",), learning_rates=(("default", 1e-3),),
+        name="gpu-95m", template=RunConfig(model="paper-95m", batch_size=32, steps=10000, chunk=100,
+                                           eval_every=1000, eval_batches=8, checkpoint_every=1000),
+        stages=(1, 2, 4, 8, 16, 32), methods=_MAIN, learning_rates=(("default", 1e-3),),
         ablations=("variants", "stage-aware", "no-stashing", "refresh-period"),
-        chunk=100, eval_every=1000, eval_batches=8, checkpoint_every=1000, smooth_fraction=0.02),
+        smooth_fraction=0.02),
 }

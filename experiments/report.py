@@ -1,37 +1,60 @@
-"""``results.csv``, ``report.md`` and figures of a sweep (SPEC section 5's tables)."""
+"""``results.csv``, ``report.md`` and figures of a sweep (the paper's section 5 tables).
+
+Every table is computed per seed (``metrics.study_table``) and shown as the mean over seeds with
+the min-max range in brackets when there are several seeds (``metrics.aggregate``); the figures
+show the seed-averaged loss curves.
+"""
 
 from __future__ import annotations
 
 import collections
 import csv
+import dataclasses
 import pathlib
 
 import numpy as np
 
 from experiments import metrics, plots
-from experiments.presets import BASELINES
+from experiments.methods import BASELINES
+
+
+def curve_of(result: dict) -> np.ndarray:
+  """Per-step losses of a run; a run that diverged or did not finish gets ``inf`` where it has no
+  finite loss, so that it is never credited (``metrics.credited``)."""
+  losses = np.asarray(result["losses"], np.float64)
+  if result["status"] != "finished":
+    losses = np.where(np.isfinite(losses), losses, np.inf)
+    if np.all(np.isfinite(losses)):
+      losses[-1] = np.inf
+  return losses
 
 
 def final_loss(result: dict, window: int) -> float:
-  losses = np.asarray(result["losses"], np.float64)
-  if result["status"] != "finished" or not np.all(np.isfinite(losses)):
-    return float("nan")
-  return metrics.final_smoothed(losses, window)
+  return metrics.final_smoothed(curve_of(result), window)
 
 
-def curves_by(results, key=lambda spec: spec["method"]) -> dict:
-  """``{(key, P): mean per-step loss over seeds}``; a diverged seed makes the curve diverge."""
-  groups = collections.defaultdict(list)
+def curves_by(results, key=lambda config: config["method"]) -> dict:
+  """``{(key, P): {seed: per-step losses}}``."""
+  groups = collections.defaultdict(dict)
   for r in results:
-    losses = np.asarray(r["losses"], np.float64)
-    if r["status"] != "finished":
-      losses = np.where(np.isfinite(losses), losses, np.inf)
-      losses[np.isnan(losses)] = np.inf
-    groups[(key(r["spec"]), r["spec"]["stages"])].append(losses)
-  return {k: np.mean(v, axis=0) for k, v in groups.items()}
+    c = r["config"]
+    groups[(key(c), c["stages"])][c["seed"]] = curve_of(r)
+  return dict(groups)
 
 
-def _fmt(x, spec="{:.2f}", none="never"):
+def mean_curves(curves: dict) -> dict:
+  """Seed-averaged curves (a diverged seed makes the mean diverge), for the figures."""
+  return {k: np.mean(list(v.values()), axis=0) for k, v in curves.items()}
+
+
+def study_rows(curves: dict, window: int, baselines=BASELINES) -> list:
+  """Per-seed study tables aggregated over the seeds every curve shares."""
+  seeds = sorted(set.intersection(*(set(v) for v in curves.values()))) if curves else []
+  tables = [metrics.study_table({k: v[s] for k, v in curves.items()}, baselines, window) for s in seeds]
+  return metrics.aggregate(tables)
+
+
+def fmt(x, spec="{:.2f}", none="never"):
   if x is None:
     return none
   if isinstance(x, float) and not np.isfinite(x):
@@ -39,121 +62,300 @@ def _fmt(x, spec="{:.2f}", none="never"):
   return spec.format(x)
 
 
-def _pivot(rows, field, fmt="{:.2f}", none="never"):
+def cell(row, field, spec="{:.2f}", none="never"):
+  """``mean`` or, over several seeds, ``mean [min, max]``."""
+  text = fmt(row[field], spec, none)
+  if row.get("seeds", 1) > 1 and row[field] is not None:
+    text += f" [{spec.format(row[field + '_lo'])}, {spec.format(row[field + '_hi'])}]"
+  return text
+
+
+def pivot(rows, field, spec="{:.2f}", none="never"):
   stages = sorted({r["stages"] for r in rows})
   methods = sorted({r["method"] for r in rows}, key=lambda m: (m not in BASELINES, m))
   lines = ["| method | " + " | ".join(f"P={p}" for p in stages) + " |",
            "|---|" + "---|" * len(stages)]
-  cell = {(r["method"], r["stages"]): r[field] for r in rows}
+  by = {(r["method"], r["stages"]): r for r in rows}
   for m in methods:
     lines.append(f"| {m} | " + " | ".join(
-        _fmt(cell[(m, p)], fmt, none) if (m, p) in cell else "" for p in stages) + " |")
+        cell(by[(m, p)], field, spec, none) if (m, p) in by else "" for p in stages) + " |")
   return "\n".join(lines)
 
 
-def _study(results, window, figures, out, name, title):
-  curves = curves_by(results)
-  rows = metrics.study_table(curves, BASELINES, window)
-  plots.loss_curves(curves, window, out / f"{name}_loss.png", title)
-  figures.append(f"{name}_loss.png")
+@dataclasses.dataclass
+class Context:
+  """What a report section needs: the output folder, smoothing window, the main study's results
+  and the list of figures written so far (sections append theirs)."""
+
+  out: pathlib.Path
+  window: int
+  main_results: list
+  figures: list
+
+
+def study_figures(ctx: Context, curves: dict, rows: list, name: str, title: str) -> None:
+  plots.loss_curves(mean_curves(curves), ctx.window, ctx.out / f"{name}_loss.png", title)
+  ctx.figures.append(f"{name}_loss.png")
   if len({p for _, p in curves}) > 1:
-    plots.slowdown_vs_stages(rows, out / f"{name}_slowdown.png", title)
-    figures.append(f"{name}_slowdown.png")
-  return rows
+    plots.slowdown_vs_stages(rows, ctx.out / f"{name}_slowdown.png", title)
+    ctx.figures.append(f"{name}_slowdown.png")
 
 
-def write(out: pathlib.Path, preset, main_results, ablation_results, ds, wall_seconds: float) -> None:
-  """Writes results.csv, report.md and the figures into ``out``."""
-  window = max(1, int(preset.steps * preset.smooth_fraction))
-  everything = list(main_results) + [r for _, r in ablation_results]
-  with open(out / "results.csv", "w", newline="") as f:
+def main_section(ctx: Context, results) -> tuple[list, list]:
+  curves = curves_by(results)
+  rows = study_rows(curves, ctx.window)
+  study_figures(ctx, curves, rows, "main", "main study")
+  lines = ["## Slowdown from P = 1, each method to its own final loss at P", "",
+           "Iterations at P / iterations at P = 1 to reach the loss the method reaches at P.", "",
+           pivot(rows, "slowdown_own"), "",
+           "## Slowdown from P = 1 to the target at P (best baseline's final loss)", "",
+           pivot(rows, "slowdown"), "",
+           "## Iterations to the target at P", "", pivot(rows, "iters", "{:.0f}"), "",
+           "## Percent fewer iterations than the best baseline at P", "",
+           pivot(rows, "fewer", "{:+.1f}%", "n/a"), "",
+           "## Final smoothed training loss", "", pivot(rows, "final", "{:.4f}", "diverged"), "",
+           "## Against the sync run's final loss (PipeDream at P = 1)", "",
+           "Slowdown:", "", pivot(rows, "slowdown_sync"), "",
+           "Iterations:", "", pivot(rows, "iters_sync", "{:.0f}"), ""]
+  return lines, rows
+
+
+def study_section(ctx: Context, name: str, results, *, with_main_baselines=False,
+                  show_baselines=True, fewer=False, bars=False) -> list:
+  """An ablation shown like the main study: own-target slowdown and final loss per (method, P).
+
+  Args:
+    with_main_baselines: add the main study's baseline runs at the ablation's P values.
+    show_baselines: keep the baselines' rows in the tables.
+    fewer: add the percent-fewer table.
+    bars: add a bar chart of the own-target slowdown at the largest P.
+  """
+  stages = {r["config"]["stages"] for r in results}
+  if with_main_baselines:
+    seeds = {r["config"]["seed"] for r in results}
+    results = list(results) + [r for r in ctx.main_results if r["config"]["method"] in BASELINES
+                               and r["config"]["stages"] in stages and r["config"]["seed"] in seeds]
+  curves = curves_by(results)
+  rows = study_rows(curves, ctx.window)
+  study_figures(ctx, curves, rows, f"ablation_{name}", f"ablation: {name}")
+  if not show_baselines:
+    rows = [r for r in rows if r["method"] not in BASELINES]
+  lines = ["Slowdown from P = 1 to the method's own final loss at P:", "", pivot(rows, "slowdown_own"), ""]
+  if fewer:
+    lines += ["Percent fewer iterations than the best baseline (to its final loss at P):", "",
+              pivot(rows, "fewer", "{:+.1f}%", "n/a"), ""]
+  lines += ["Final smoothed loss:", "", pivot(rows, "final", "{:.4f}", "diverged"), ""]
+  if bars:
+    top = max(stages)
+    vals = {r["method"]: r["slowdown_own"] for r in rows
+            if r["stages"] == top and r["method"] not in BASELINES}
+    plots.bars(vals, ctx.out / f"ablation_{name}_bars.png", f"{name}: slowdown at P={top}", "slowdown")
+    ctx.figures.append(f"ablation_{name}_bars.png")
+  return lines
+
+
+def stage_aware_section(ctx: Context, name: str, results, *, methods: tuple) -> list:
+  """Iterations of each refresh allocation to the worst final loss of the allocations, per seed."""
+  curves = curves_by(results)
+  top = max(p for _, p in curves)
+  seeds = sorted(set.intersection(*(set(v) for v in curves.values())))
+  per_seed = []
+  for s in seeds:
+    finals = [metrics.final_smoothed(v[s], ctx.window) for v in curves.values()]
+    target = max(finals) if all(np.isfinite(finals)) else None
+    iters = {m: metrics.iterations_to(curves[(m, top)][s], target, ctx.window)
+             for m in methods if (m, top) in curves}
+    per_seed.append((target, iters))
+  lines = [f"Target per seed: the worst final smoothed loss of the allocations, P = {top}.", "",
+           "| allocation | iterations | speed-up vs uniform |", "|---|---|---|"]
+  bar_vals = {}
+  for m in methods:
+    its = [it.get(m) for _, it in per_seed]
+    speeds = [metrics.ratio(it.get(methods[0]), it.get(m)) for _, it in per_seed]
+    row = {"seeds": len(seeds)}
+    for field, vals in (("iters", its), ("speed", [None if v is None else 100 * (v - 1) for v in speeds])):
+      ok = bool(vals) and all(v is not None for v in vals)
+      row[field] = float(np.mean(vals)) if ok else None
+      row[field + "_lo"], row[field + "_hi"] = (min(vals), max(vals)) if ok else (None, None)
+    bar_vals[m] = row["iters"]
+    lines.append(f"| {m} | {cell(row, 'iters', '{:.0f}')} | {cell(row, 'speed', '{:+.1f}%', 'n/a')} |")
+  lines.append("")
+  plots.bars(bar_vals, ctx.out / f"ablation_{name}_bars.png",
+             f"stage-aware refresh at P={top}: iterations to target", "iterations")
+  plots.loss_curves(mean_curves(curves), ctx.window, ctx.out / f"ablation_{name}_loss.png",
+                    f"ablation: {name}")
+  ctx.figures += [f"ablation_{name}_bars.png", f"ablation_{name}_loss.png"]
+  return lines
+
+
+def scaling_section(ctx: Context, name: str, results) -> list:
+  """Final smoothed loss as blocks = P grow together."""
+  curves = curves_by(results)
+  sizes = sorted({p for _, p in curves})
+  lines = ["Blocks = P grown together; final smoothed training loss:", "",
+           "| method | " + " | ".join(f"B=P={p}" for p in sizes) + " |", "|---|" + "---|" * len(sizes)]
+  for m in sorted({m for m, _ in curves}):
+    cells = []
+    for p in sizes:
+      finals = [metrics.final_smoothed(v, ctx.window) for v in curves.get((m, p), {}).values()]
+      row = {"seeds": len(finals), "final": float(np.mean(finals)) if finals else None,
+             "final_lo": min(finals) if finals else None, "final_hi": max(finals) if finals else None}
+      cells.append(cell(row, "final", "{:.4f}", ""))
+    lines.append(f"| {m} | " + " | ".join(cells) + " |")
+  lines.append("")
+  plots.loss_curves(mean_curves(curves), ctx.window, ctx.out / f"ablation_{name}_loss.png",
+                    "blocks = P scaling")
+  ctx.figures.append(f"ablation_{name}_loss.png")
+  return lines
+
+
+def _verdict(ok):
+  return "n/a" if ok is None else ("reproduced" if ok else "**not reproduced**")
+
+
+def _at(rows, method, p):
+  return next((r for r in rows if r["method"] == method and r["stages"] == p), None)
+
+
+def claims_section(ctx: Context, main_rows, groups) -> list:
+  """Each claim of the paper that this sweep measured: the paper's number, ours, the verdict."""
+  out = []
+
+  def add(claim, paper, ours, ok):
+    out.append(f"| {claim} | {paper} | {ours} | {_verdict(ok)} |")
+
+  if main_rows:
+    top = max(r["stages"] for r in main_rows)
+    rot = _at(main_rows, "rotation", top)
+    base = [(_at(main_rows, b, top), b) for b in BASELINES if _at(main_rows, b, top)]
+    if rot is not None and base:
+      vals = [(r["slowdown_own"], b) for r, b in base]
+      ok = rot["slowdown_own"] is not None and all(v is not None and rot["slowdown_own"] < v for v, _ in vals)
+      ours = f"rotation {cell(rot, 'slowdown_own')}; " + ", ".join(
+          f"{b} {cell(r, 'slowdown_own')}" for r, b in base)
+      add(f"rotation slows down least from P = 1 to P = {top}",
+          "1.27x vs PipeDream 5.81x, PipeDream-LR 4.24x, Nesterov ~4x (P = 32)", ours, ok)
+      ok = None if rot["fewer"] is None else rot["fewer"] > 0
+      add(f"rotation needs fewer iterations than the best baseline at P = {top}",
+          "71.6% fewer (95M, P = 32)", cell(rot, "fewer", "{:+.1f}%", "n/a (target never reached)"), ok)
+  if "variants" in groups:
+    rows = study_rows(curves_by(groups["variants"]), ctx.window)
+    top = max(r["stages"] for r in rows)
+    order = ["rotation", "rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni"]
+    vals = {m: (_at(rows, m, top) or {}).get("slowdown_own") for m in order}
+    if all(v is not None for v in vals.values()):
+      ours = ", ".join(f"{m} {v:.2f}" for m, v in vals.items())
+      add(f"second-order bilateral slows down least of the 2 x 2 taxonomy (P = {top})",
+          "2nd/bi 1.27, 2nd/uni 1.66, 1st/bi 1.77, 1st/uni 2.55", ours,
+          vals["rotation"] == min(vals.values()))
+  if "stage-aware" in groups:
+    curves = curves_by(groups["stage-aware"])
+    top = max(p for _, p in curves)
+    finals = {m: np.mean([metrics.final_smoothed(c, ctx.window) for c in v.values()])
+              for (m, _), v in curves.items()}
+    target = max(finals.values())
+    iters = {m: metrics.iterations_to(mean_curves(curves)[(m, top)], target, ctx.window) for m in finals}
+    u, pr, rv = iters.get("rotation"), iters.get("rotation-sa"), iters.get("rotation-sa-reverse")
+    speed = lambda a: None if a is None or u is None else 100 * (u / a - 1)
+    if pr is not None:
+      add("stage-aware (proportional) refresh converges faster than uniform at equal budget",
+          "+29.2%", f"{speed(pr):+.1f}% (seed-averaged curves)", speed(pr) > 0)
+    if rv is not None:
+      add("reverse allocation does worse than uniform", "worse", f"{speed(rv):+.1f}%", speed(rv) < 0)
+  if "no-stashing" in groups:
+    rows = study_rows(curves_by(groups["no-stashing"]), ctx.window)
+    top = max(r["stages"] for r in rows)
+    stash = {r["method"]: r["final"] for r in main_rows if r["stages"] == top}
+    loss = {r["method"]: r["final"] for r in rows if r["stages"] == top}
+    deg = {m: loss[m] - stash[m] for m in loss if m in stash and None not in (loss[m], stash[m])}
+    if "rotation" in deg and len(deg) > 1:
+      worst = max(v for m, v in deg.items() if m != "rotation")
+      ours = ", ".join(f"{m} {v:+.3f}" for m, v in deg.items())
+      add(f"without weight stashing baselines degrade, rotation barely (final-loss change, P = {top})",
+          "baselines severely, rotation barely", ours, deg["rotation"] < worst)
+  if "refresh-period" in groups:
+    rows = study_rows(curves_by(groups["refresh-period"]), ctx.window)
+    top = max(r["stages"] for r in rows)
+    a, b = _at(rows, "rotation", top), _at(rows, "rotation-T100", top)
+    if a and b and None not in (a["final"], b["final"]):
+      add(f"refresh period 10 beats 100 (final loss, P = {top})", "T = 10 better",
+          f"{cell(a, 'final', '{:.3f}')} vs {cell(b, 'final', '{:.3f}')}", a["final"] < b["final"])
+  if "moe" in groups:
+    rows = study_rows(curves_by(groups["moe"]), ctx.window)
+    top = max(r["stages"] for r in rows)
+    rot = _at(rows, "rotation", top)
+    if rot is not None:
+      add(f"rotation helps a mixture-of-experts model (P = {top})", "fewer iterations",
+          cell(rot, "fewer", "{:+.1f}%", "n/a"), None if rot["fewer"] is None else rot["fewer"] > 0)
+  if "scaling" in groups:
+    curves = curves_by(groups["scaling"])
+    sizes = sorted({p for _, p in curves})
+    fin = {(m, p): np.mean([metrics.final_smoothed(c, ctx.window) for c in v.values()])
+           for (m, p), v in curves.items()}
+    if all(("rotation", p) in fin for p in sizes):
+      seq = [fin[("rotation", p)] for p in sizes]
+      add("with rotation, bigger models (blocks = P grown together) reach lower loss",
+          "bigger is better", ", ".join(f"B=P={p}: {v:.3f}" for p, v in zip(sizes, seq)),
+          all(b < a for a, b in zip(seq, seq[1:])))
+  if not out:
+    return []
+  return ["## The paper's claims, checked", "",
+          "| claim | paper | ours (mean [min, max] over seeds) | verdict |", "|---|---|---|---|"] + out + [""]
+
+
+def write_csv(path: pathlib.Path, results, window: int) -> None:
+  with open(path, "w", newline="") as f:
     w = csv.writer(f)
-    w.writerow(["name", "method", "stages", "mode", "model", "num_blocks", "seed", "lr", "status",
-                "final_smoothed_loss", "final_val_loss", "seconds", "steps_per_second"])
-    for r in everything:
-      s = r["spec"]
+    w.writerow(["name", "method", "stages", "mode", "model", "num_blocks", "seed", "lr", "steps",
+                "status", "final_smoothed_loss", "final_val_loss", "seconds", "steps_per_second"])
+    for r in results:
+      c = r["config"]
       val = [v for v in r["val_losses"] if np.isfinite(v)]
-      w.writerow([r["name"], s["method"], s["stages"], s["mode"], s["model"], s["num_blocks"] or "",
-                  s["seed"], s["lr"], r["status"], f"{final_loss(r, window):.5f}",
+      sps = r.get("steps_per_second")
+      w.writerow([r["name"], c["method"], c["stages"], c["mode"], c["model"], c["num_blocks"] or "",
+                  c["seed"], c["lr"], c["steps"], r["status"], f"{final_loss(r, window):.5f}",
                   f"{val[-1]:.5f}" if val else "", f"{r['seconds']:.2f}",
-                  f"{r['steps_done'] / max(r['seconds'], 1e-9):.1f}"])
+                  f"{sps:.1f}" if sps else ""])
 
-  figures = []
+
+def write(out: pathlib.Path, preset, main_results, ablation_results, registry, ds, wall_seconds: float,
+          deviations=()) -> list:
+  """Writes results.csv, report.md and the figures into ``out``; returns the main study's rows.
+
+  Args:
+    registry: ``{ablation name: Ablation}`` whose ``section`` renders that ablation.
+    deviations: lines listing how this preset differs from the paper.
+  """
+  window = preset.window()
+  everything = list(main_results) + [r for _, r in ablation_results]
+  write_csv(out / "results.csv", everything, window)
+  ctx = Context(out, window, list(main_results), [])
+  seeds = sorted({r["config"]["seed"] for r in everything})
+  t = preset.template
   lines = [f"# Staleness study: preset `{preset.name}`", "",
-           f"- data: `{ds.name}`, {ds.num_tokens} tokens, sha256 `{ds.sha256}`",
-           f"- model `{preset.model}`, {preset.steps} steps of batch {preset.batch_size}; "
-           f"wall time of this invocation {wall_seconds:.0f} s",
-           f"- smoothing window {window} steps; target at P = final smoothed loss of the best "
-           f"asynchronous baseline ({', '.join(BASELINES)}) at that P; slowdown = iterations at P / "
-           f"iterations at P = 1 to that target; 'never' = the target was not reached", ""]
+           f"- data: `{ds.name}`, {ds.num_tokens} tokens, vocabulary {ds.vocab_size}, sha256 `{ds.sha256}`",
+           f"- model `{t.model}`, {t.steps} steps of batch {t.batch_size}, warm-up "
+           f"{t.warmup_fraction:.1%} then cosine to {t.final_lr_fraction:g} x peak, PipeDream-LR "
+           f"T_c = {t.pipemare_fraction:.1%} of training; seeds {seeds}; wall time of this "
+           f"invocation {wall_seconds:.0f} s",
+           f"- smoothing: centred window of {2 * metrics.half_window(window) + 1} steps; target at "
+           f"P = final smoothed loss of the best asynchronous baseline ({', '.join(BASELINES)}) at "
+           "that P; slowdown = iterations at P / iterations at P = 1 to that target; 'never' = the "
+           "target was not reached; a diverged or unfinished run is credited with nothing; with "
+           "several seeds: mean [min, max] over seeds", ""]
+  if deviations:
+    lines += ["## Deviations from the paper", ""] + [f"- {d}" for d in deviations] + [""]
+  rows = []
   if main_results:
-    rows = _study(main_results, window, figures, out, "main", f"{preset.name}: main study")
-    lines += ["## Slowdown from P = 1, each method to its own final loss at P", "",
-              "Iterations at P / iterations at P = 1 to reach the loss the method reaches at P.", "",
-              _pivot(rows, "slowdown_own"), "",
-              "## Slowdown from P = 1 to the target at P (best baseline's final loss)", "",
-              _pivot(rows, "slowdown"), "",
-              "## Iterations to the target at P", "", _pivot(rows, "iters", "{:d}"), "",
-              "## Percent fewer iterations than the best baseline at P", "",
-              _pivot(rows, "fewer", "{:+.1f}%", "n/a"), "",
-              "## Final smoothed training loss", "", _pivot(rows, "final", "{:.4f}"), "",
-              "## Against the sync run's final loss (PipeDream at P = 1)", "",
-              "Slowdown:", "", _pivot(rows, "slowdown_sync"), "",
-              "Iterations:", "", _pivot(rows, "iters_sync", "{:d}"), ""]
+    section, rows = main_section(ctx, main_results)
+    lines += section
   groups = collections.defaultdict(list)
   for a, r in ablation_results:
     groups[a].append(r)
-  main_by_key = {(r["spec"]["method"], r["spec"]["stages"], r["spec"]["seed"]): r for r in main_results}
   for name, results in groups.items():
-    lines += [f"## Ablation: {name}", ""]
-    if name in ("variants", "refresh-period"):
-      top = max(r["spec"]["stages"] for r in results)
-      base = [r for k, r in main_by_key.items() if k[0] in BASELINES and k[1] in (1, top)]
-      rows = _study(results + base, window, figures, out, f"ablation_{name}", f"ablation: {name}")
-      rows = [r for r in rows if r["method"] not in BASELINES or name == "refresh-period"]
-      lines += ["Slowdown from P = 1 to the method's own final loss at P:", "",
-                _pivot(rows, "slowdown_own"), "", "Final smoothed loss:", "",
-                _pivot(rows, "final", "{:.4f}"), ""]
-      vals = {r["method"]: r["slowdown_own"] for r in rows
-              if r["stages"] == top and r["method"] not in BASELINES}
-      plots.bars(vals, out / f"ablation_{name}_bars.png", f"{name}: slowdown at P={top}", "slowdown")
-      figures.append(f"ablation_{name}_bars.png")
-    elif name in ("no-stashing", "moe"):
-      rows = _study(results, window, figures, out, f"ablation_{name}", f"ablation: {name}")
-      lines += ["Slowdown from P = 1 to the method's own final loss at P:", "", _pivot(rows, "slowdown_own"),
-                "", "Percent fewer iterations than the best baseline (to its final loss at P):", "",
-                _pivot(rows, "fewer", "{:+.1f}%", "n/a"), "", "Final smoothed loss:", "",
-                _pivot(rows, "final", "{:.4f}"), ""]
-    elif name == "stage-aware":
-      curves = curves_by(results)
-      top = max(p for _, p in curves)
-      target = max(metrics.final_smoothed(v, window) for v in curves.values())
-      iters = {m: metrics.iterations_to(v, target, window) for (m, _), v in curves.items()}
-      uniform = iters.get("rotation")
-      lines += [f"Target: the worst final smoothed loss of the three ({target:.4f}), P = {top}.", "",
-                "| allocation | iterations | speed-up vs uniform |", "|---|---|---|"]
-      for m in ("rotation", "rotation-sa", "rotation-sa-reverse"):
-        if m in iters:
-          speed = metrics.ratio(uniform, iters[m])
-          lines.append(f"| {m} | {_fmt(iters[m], '{:d}')} | "
-                       f"{_fmt(None if speed is None else 100 * (speed - 1), '{:+.1f}%')} |")
-      lines.append("")
-      plots.bars({m: v for m, v in iters.items()}, out / "ablation_stage-aware_bars.png",
-                 f"stage-aware refresh at P={top}: iterations to target", "iterations")
-      figures.append("ablation_stage-aware_bars.png")
-      plots.loss_curves(curves, window, out / "ablation_stage-aware_loss.png", "ablation: stage-aware")
-      figures.append("ablation_stage-aware_loss.png")
-    elif name == "scaling":
-      curves = curves_by(results, key=lambda s: f"{s['method']}")
-      lines += ["Blocks = P grown together; final smoothed training loss:", "",
-                "| method | " + " | ".join(f"B=P={p}" for p in sorted({p for _, p in curves})) + " |",
-                "|---|" + "---|" * len({p for _, p in curves})]
-      for m in sorted({m for m, _ in curves}):
-        lines.append(f"| {m} | " + " | ".join(
-            f"{metrics.final_smoothed(curves[(m, p)], window):.4f}" if (m, p) in curves else ""
-            for p in sorted({p for _, p in curves})) + " |")
-      lines.append("")
-      plots.loss_curves(curves, window, out / "ablation_scaling_loss.png", "blocks = P scaling")
-      figures.append("ablation_scaling_loss.png")
-  lines += ["## Figures", ""] + [f"![{f}]({f})" for f in figures] + [""]
+    lines += [f"## Ablation: {name}", "", registry[name].description, ""]
+    lines += registry[name].section(ctx, name, results)
+  lines += claims_section(ctx, rows, groups)
+  lines += ["## Figures", ""] + [f"![{f}]({f})" for f in ctx.figures] + [""]
   (out / "report.md").write_text("\n".join(lines))
+  return rows

@@ -1,22 +1,25 @@
 """One training run: model, data, per-stage optimizers, emulated pipeline, checkpoints, result.
 
-A run lives in its own folder. ``result.json`` is written (atomically) only when the run ends, so
-its presence means "finished": a sweep skips such runs. Until then an Orbax checkpoint of the
-pipeline state and the loss history is saved every ``checkpoint_every`` steps; a restarted run
-resumes from it and, since batches are a pure function of (seed, step) and chunks are the same,
-ends with exactly the numbers of an uninterrupted run.
+A run lives in its own folder, named by its identity (``run_name``: the settings and a hash of the
+config, the data's sha256 and the vocabulary), and holds ``identity.json`` from its first step.
+``result.json`` is written (atomically) only when the run ends, so its presence means "finished":
+a sweep skips such runs. Until then an Orbax checkpoint of the whole pipeline state and the loss
+history is saved every ``checkpoint_every`` steps; a restarted run resumes from it and, since
+batches are a pure function of (seed, step) and chunks are the same, ends with exactly the numbers
+of an uninterrupted run. ``metrics.jsonl`` gets one line per chunk while the run trains.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
 import platform
 import time
+import warnings
 from importlib import metadata
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -25,53 +28,116 @@ import orbax.checkpoint as ocp
 
 import pipeline_sim as ps
 from experiments import methods
-from experiments import model as M
+from experiments import model as model_lib
 from experiments.data import Dataset
 
 
 @dataclasses.dataclass(frozen=True)
-class RunSpec:
-  """Full configuration of one run (saved in its result)."""
+class RunConfig:
+  """Every setting of one run: a preset holds a template, a run is ``dataclasses.replace`` of it.
 
-  method: str
-  stages: int
-  seed: int
-  lr: float
-  steps: int
-  batch_size: int
-  model: str
-  num_blocks: Optional[int] = None  # overrides the named config (model-size scaling)
+  The whole config is saved in the run's ``result.json``; together with the data's sha256 and
+  vocabulary it is the run's identity (``identity``), which names its folder, so that a run is
+  never reused or resumed with other settings or other data.
+
+  Attributes:
+    method: key of ``experiments.methods.METHODS``.
+    stages: pipeline depth P (P = 1: synchronous training).
+    seed: parameter initialisation and batch stream.
+    mode: pipeline emulation, one of ``pipeline_sim.MODES``.
+    model: key of ``experiments.model.CONFIGS``.
+    num_blocks: overrides the named model's block count (model-size scaling); ``None`` keeps it.
+    context: overrides the named model's context length; ``None`` keeps it.
+    steps: optimizer steps (= micro-batches) of the run.
+    batch_size: micro-batch size (sequences).
+    lr: peak learning rate.
+    warmup_fraction: linear warm-up from ``warmup_start`` over this fraction of ``steps`` (the
+      paper's code: 3 of 250 epochs = 1.2%), then cosine decay to ``final_lr_fraction * lr``.
+    warmup_start: learning rate at step 0.
+    final_lr_fraction: the cosine decay's end, as a fraction of the peak.
+    pipemare_fraction: PipeDream-LR's transition ``T_c`` as a fraction of ``steps`` (the paper's
+      code: 7 of 250 epochs = 2.8%).
+    clip_norm: per-stage gradient-norm clipping.
+    weight_decay: decoupled weight decay of every method.
+    moe_loss_weight: weight of the mixture-of-experts load-balancing loss.
+    refresh_every: basis refresh period of rotation methods; ``None`` uses the method's own.
+    chunk: steps per jit-compiled scan (progress, checkpoint and evaluation granularity).
+    eval_every: steps between validation evaluations (a multiple of ``chunk``).
+    eval_batches: validation micro-batches per evaluation.
+    checkpoint_every: steps between checkpoints (a multiple of ``chunk``).
+    tag: free label, part of the name (for example ``tune``).
+  """
+
+  method: str = "pipedream"
+  stages: int = 1
+  seed: int = 0
   mode: str = "weight_stashing"
+  model: str = "cpu-deep"
+  num_blocks: int | None = None
+  context: int | None = None
+  steps: int = 1200
+  batch_size: int = 16
+  lr: float = 3e-3
+  warmup_fraction: float = 0.012
+  warmup_start: float = 1e-7
+  final_lr_fraction: float = 0.1
+  pipemare_fraction: float = 0.028
+  clip_norm: float = 1.0
+  weight_decay: float = 0.01
+  moe_loss_weight: float = 0.01
+  refresh_every: int | None = None
   chunk: int = 50
   eval_every: int = 250
   eval_batches: int = 4
   checkpoint_every: int = 250
-  warmup_fraction: float = 0.05
-  pipemare_fraction: float = 0.25
   tag: str = ""
 
   @property
   def name(self) -> str:
+    """A readable name (not unique: ``run_name`` adds the identity hash)."""
     blocks = f"-B{self.num_blocks}" if self.num_blocks else ""
+    blocks += f"-C{self.context}" if self.context else ""
     tag = f"_{self.tag}" if self.tag else ""
     return (f"{self.model}{blocks}_{self.mode}_{self.method}_P{self.stages}_lr{self.lr:g}"
             f"_n{self.steps}_s{self.seed}{tag}")
 
-  def model_config(self, vocab_size: int) -> M.ModelConfig:
-    cfg = M.CONFIGS[self.model]
-    return dataclasses.replace(cfg, vocab_size=vocab_size, num_blocks=self.num_blocks or cfg.num_blocks)
+  def model_config(self, vocab_size: int) -> model_lib.ModelConfig:
+    cfg = model_lib.CONFIGS[self.model]
+    return dataclasses.replace(cfg, vocab_size=vocab_size, num_blocks=self.num_blocks or cfg.num_blocks,
+                               context=self.context or cfg.context)
 
   def validate(self) -> None:
     """Every check that can fail before training starts."""
     methods.check_method(self.method)
-    if self.model not in M.CONFIGS:
-      raise ValueError(f"unknown model {self.model!r}; choose from {sorted(M.CONFIGS)}")
+    if self.model not in model_lib.CONFIGS:
+      raise ValueError(f"unknown model {self.model!r}; choose from {sorted(model_lib.CONFIGS)}")
     if self.mode not in ps.MODES:
       raise ValueError(f"unknown mode {self.mode!r}; choose from {ps.MODES}")
-    M.blocks_per_stage(self.num_blocks or M.CONFIGS[self.model].num_blocks, self.stages)
+    model_lib.blocks_per_stage(self.num_blocks or model_lib.CONFIGS[self.model].num_blocks, self.stages)
+    for name in ("steps", "batch_size", "chunk", "eval_every", "eval_batches", "checkpoint_every"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
     for name in ("eval_every", "checkpoint_every", "steps"):
       if getattr(self, name) % self.chunk:
         raise ValueError(f"{name}={getattr(self, name)} is not a multiple of chunk={self.chunk}")
+    if not self.lr > 0:
+      raise ValueError(f"lr must be > 0, got {self.lr}")
+    if not 0 <= self.warmup_fraction < 1 or not 0 < self.pipemare_fraction <= 1:
+      raise ValueError(f"need 0 <= warmup_fraction < 1 and 0 < pipemare_fraction <= 1, got "
+                       f"{self.warmup_fraction}, {self.pipemare_fraction}")
+    if self.refresh_every is not None and self.refresh_every < 1:
+      raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
+
+
+def identity(config: RunConfig, data_sha256: str, vocab_size: int) -> dict:
+  """Everything that changes a run's numbers: its config, the data's hash and the vocabulary."""
+  return {"config": dataclasses.asdict(config), "data_sha256": data_sha256, "vocab_size": vocab_size}
+
+
+def run_name(config: RunConfig, data_sha256: str, vocab_size: int) -> str:
+  """The run's folder name: readable settings plus a hash of its whole identity."""
+  blob = json.dumps(identity(config, data_sha256, vocab_size), sort_keys=True)
+  return f"{config.name}_{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
 def versions() -> dict:
@@ -90,137 +156,214 @@ def _write_json(path: pathlib.Path, obj) -> None:
   os.replace(tmp, path)  # atomic: a crash never leaves a half-written result
 
 
-def load_result(run_dir) -> Optional[dict]:
+def _read_json(path: pathlib.Path) -> dict | None:
+  """A JSON file's content, ``None`` if it is missing; a damaged file is an error naming it."""
+  if not path.exists():
+    return None
+  try:
+    return json.loads(path.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise DamagedFileError(f"{path}: damaged ({e})") from e
+
+
+class DamagedFileError(ValueError):
+  """A run's file that cannot be read (truncated or corrupted)."""
+
+
+def load_result(run_dir) -> dict | None:
+  """The finished run's result, or ``None`` (unfinished, or a damaged result that is set aside)."""
   path = pathlib.Path(run_dir) / "result.json"
-  return json.loads(path.read_text()) if path.exists() else None
+  try:
+    return _read_json(path)
+  except DamagedFileError as e:
+    warnings.warn(f"{e}; the run will be resumed from its checkpoint or restarted", stacklevel=2)
+    os.replace(path, path.with_suffix(".damaged"))
+    return None
 
 
-def build(spec: RunSpec, ds: Dataset):
-  """Returns (pipeline, initial state, graphdef, loss_fn) for a spec."""
-  cfg = spec.model_config(ds.vocab_size)
-  graphdef, params = M.init(cfg, seed=spec.seed)
-  labels = M.stage_labels(params, spec.stages)
-  loss_fn = M.make_loss(graphdef)
+def build(config: RunConfig, ds: Dataset):
+  """Returns (pipeline, initial state, graphdef, loss_fn) for a config."""
+  cfg = config.model_config(ds.vocab_size)
+  graphdef, params = model_lib.init(cfg, seed=config.seed)
+  labels = model_lib.stage_labels(params, config.stages)
+  loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight)
   staged = None
-  if spec.mode == "no_stashing":
-    staged = ps.Staged(M.stage_functions(cfg, spec.stages),
-                       loss_of=lambda out, batch: M.cross_entropy(out[0], batch[1]) + 0.01 * out[1])
-  opts = methods.stage_optimizers(spec.method, spec.lr, spec.stages, spec.steps,
-                                  spec.warmup_fraction, spec.pipemare_fraction)
-  pipe = ps.Pipeline(loss_fn, opts, labels, spec.stages, spec.mode, staged)
+  if config.mode == "no_stashing":
+    w = config.moe_loss_weight
+    staged = ps.Staged(model_lib.stage_functions(cfg, config.stages),
+                       loss_of=lambda out, batch: model_lib.cross_entropy(out[0], batch[1]) + w * out[1])
+  pipe = ps.Pipeline(loss_fn, methods.stage_optimizers(config), labels, mode=config.mode, staged=staged)
   return pipe, pipe.init(params), graphdef, loss_fn
 
 
 class _Checkpoints:
-  """Orbax checkpoints of (non-empty state leaves, loss history) at chunk boundaries."""
+  """Orbax checkpoints of (pipeline state, loss history) at chunk boundaries.
+
+  The two newest are kept: a checkpoint that cannot be restored (a truncated file) is reported and
+  the previous one is used; with none left the run restarts from step 0.
+  """
 
   def __init__(self, directory: pathlib.Path):
-    self.manager = ocp.CheckpointManager(directory.absolute(),
-                                         options=ocp.CheckpointManagerOptions(max_to_keep=1))
-
-  @staticmethod
-  def _pack(state, losses, val_losses):
-    leaves = [x for x in jax.tree.leaves(state) if x.size]  # Orbax cannot store empty arrays
-    return {"leaves": leaves, "losses": losses, "val": val_losses}
+    self.directory = directory.absolute()
+    self.manager = ocp.CheckpointManager(self.directory,
+                                         options=ocp.CheckpointManagerOptions(max_to_keep=2))
 
   def save(self, step, state, losses, val_losses):
-    self.manager.save(step, args=ocp.args.StandardSave(self._pack(state, losses, val_losses)))
+    item = {"state": state, "losses": losses, "val": val_losses}
+    self.manager.save(step, args=ocp.args.StandardSave(item))
     self.manager.wait_until_finished()
 
   def restore(self, template, losses, val_losses):
-    step = self.manager.latest_step()
-    if step is None:
-      return None
-    packed = self._pack(template, losses, val_losses)
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, packed)
-    got = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
-    it = iter(got["leaves"])
-    leaves = [next(it) if x.size else x for x in jax.tree.leaves(template)]
-    state = jax.tree.unflatten(jax.tree.structure(template), leaves)
-    return step, state, np.asarray(got["losses"]), np.asarray(got["val"])
+    """(step, state, losses, val_losses) of the newest readable checkpoint, or ``None``."""
+    item = {"state": template, "losses": losses, "val": val_losses}
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, item)
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        got = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+      except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for damaged files
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        warnings.warn(f"checkpoint {self.directory / str(step)} cannot be restored ({first}); "
+                      "trying an older one", stacklevel=2)
+        continue
+      return step, got["state"], np.asarray(got["losses"]), np.asarray(got["val"])
+    return None
 
 
-def train(spec: RunSpec, ds: Dataset, run_dir, progress=None) -> dict:
+def check_identity(run_dir: pathlib.Path, ident: dict) -> None:
+  """Raises if ``run_dir`` belongs to a run with another identity (config, data or vocabulary)."""
+  try:
+    saved = _read_json(run_dir / "identity.json")
+  except DamagedFileError:
+    saved = None  # rewritten below; the folder name already carries the identity's hash
+  if saved is None:
+    _write_json(run_dir / "identity.json", ident)
+    return
+  if saved != ident:
+    diff = [k for k in ident["config"] if saved.get("config", {}).get(k) != ident["config"][k]]
+    diff += [k for k in ("data_sha256", "vocab_size") if saved.get(k) != ident[k]]
+    raise ValueError(f"{run_dir} holds a run with other settings ({', '.join(diff)} differ); "
+                     "use another --out or remove that folder")
+
+
+def train(config: RunConfig, ds: Dataset, run_dir, progress=None) -> dict:
   """Trains (or resumes, or just loads) one run; returns its result dict.
 
   Args:
-    spec: the run.
+    config: the run.
     ds: the dataset.
-    run_dir: the run's folder (created).
-    progress: optional ``tqdm`` bar advanced by steps.
+    run_dir: the run's folder (created); see ``run_name``.
+    progress: optional ``tqdm``-like bar (``reset``, ``update``, ``set_postfix``) advanced by steps.
   """
   run_dir = pathlib.Path(run_dir)
+  config.validate()
+  run_dir.mkdir(parents=True, exist_ok=True)
+  ident = identity(config, ds.sha256, ds.vocab_size)
+  check_identity(run_dir, ident)
   done = load_result(run_dir)
   if done is not None:
     return done
-  spec.validate()
-  run_dir.mkdir(parents=True, exist_ok=True)
-  pipe, state, graphdef, loss_fn = build(spec, ds)
-  context = spec.model_config(ds.vocab_size).context
-  valid = [ds.batch(10_000 + spec.seed, j, spec.batch_size, context, split="valid")
-           for j in range(spec.eval_batches)]
+  pipe, state, graphdef, loss_fn = build(config, ds)
+  context = config.model_config(ds.vocab_size).context
+  valid = [ds.batch(10_000 + config.seed, j, config.batch_size, context, split="valid")
+           for j in range(config.eval_batches)]
   valid = jax.tree.map(lambda *xs: jnp.stack(xs), *valid)
   evaluate = jax.jit(lambda params: jnp.mean(jax.lax.map(lambda b: loss_fn(params, b), valid)))
+  lr_at = methods.schedule(config)
 
-  losses = np.full(spec.steps, np.nan, np.float32)
-  val_losses = np.full(spec.steps // spec.eval_every + 1, np.nan, np.float32)
+  losses = np.full(config.steps, np.nan, np.float32)
+  val_losses = np.full(config.steps // config.eval_every + 1, np.nan, np.float32)
   ckpt = _Checkpoints(run_dir / "checkpoints")
   restored = ckpt.restore(state, losses, val_losses)
-  step, status, seconds = 0, "finished", 0.0
+  step, status = 0, "finished"
+  timing = {"seconds": 0.0, "steady_seconds": 0.0, "steady_steps": 0, "compile_seconds": None}
+  log = run_dir / "metrics.jsonl"
   if restored is None:
     val_losses[0] = float(evaluate(state.params))
+    log.write_text("")
   else:
     step, state, losses, val_losses = restored
     losses, val_losses = losses.copy(), val_losses.copy()
-    timing = run_dir / "timing.json"
-    seconds = float(json.loads(timing.read_text())["seconds"]) if timing.exists() else 0.0
+    timing.update(_read_json(run_dir / "timing.json") or {})
+    _truncate_log(log, step)
   if progress is not None:
-    progress.reset(total=spec.steps)
+    progress.reset(total=config.steps)
     progress.update(step)
-  first_chunk_seconds = None
-  while step < spec.steps:
-    batches = ds.batches(spec.seed, step, spec.chunk, spec.batch_size, context)
+  first_chunk = True
+  while step < config.steps:
+    batches = ds.batches(config.seed, step, config.chunk, config.batch_size, context)
     t0 = time.perf_counter()
     state, chunk_losses = pipe.run(state, batches)
     chunk_losses = np.asarray(chunk_losses)
     elapsed = time.perf_counter() - t0
-    seconds += elapsed
-    first_chunk_seconds = elapsed if first_chunk_seconds is None else first_chunk_seconds
-    losses[step:step + spec.chunk] = chunk_losses
-    step += spec.chunk
+    timing["seconds"] += elapsed
+    if first_chunk:  # includes compilation: kept out of the steady-state rate
+      timing["compile_seconds"] = timing["compile_seconds"] or elapsed
+      first_chunk = False
+    else:
+      timing["steady_seconds"] += elapsed
+      timing["steady_steps"] += config.chunk
+    losses[step:step + config.chunk] = chunk_losses
+    step += config.chunk
+    finite = bool(np.all(np.isfinite(chunk_losses)))
+    if finite and step % config.eval_every == 0:
+      val_losses[step // config.eval_every] = float(evaluate(state.params))
+    record = {"step": step, "loss": float(np.mean(chunk_losses)), "lr": float(lr_at(step - 1)),
+              "seconds": elapsed, "steps_per_second": config.chunk / elapsed}
+    if step % config.eval_every == 0:
+      record["val_loss"] = float(val_losses[step // config.eval_every])
+    with open(log, "a") as f:
+      f.write(json.dumps(record) + "\n")
     if progress is not None:
-      progress.update(spec.chunk)
-    if not np.all(np.isfinite(chunk_losses)):
+      progress.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
+      progress.update(config.chunk)
+    if not finite:
       status = "diverged"
       break
-    if step % spec.eval_every == 0:
-      val_losses[step // spec.eval_every] = float(evaluate(state.params))
-    if step % spec.checkpoint_every == 0 and step < spec.steps:
+    if step % config.checkpoint_every == 0 and step < config.steps:
       ckpt.save(step, state, losses, val_losses)
-      _write_json(run_dir / "timing.json", {"seconds": seconds})
+      _write_json(run_dir / "timing.json", timing)
   if status == "finished":
     ckpt.save(step, state, losses, val_losses)  # the trained state, for diagnostics
+  steady = timing["steady_steps"] / timing["steady_seconds"] if timing["steady_seconds"] else None
   result = {
-      "name": spec.name, "spec": dataclasses.asdict(spec), "status": status,
-      "steps_done": int(step), "losses": [float(x) for x in losses],
-      "val_steps": [i * spec.eval_every for i in range(len(val_losses))],
+      "name": run_dir.name, "config": dataclasses.asdict(config), "identity": ident,
+      "status": status, "steps_done": int(step), "losses": [float(x) for x in losses],
+      "val_steps": [i * config.eval_every for i in range(len(val_losses))],
       "val_losses": [float(x) for x in val_losses],
-      "seconds": seconds, "first_chunk_seconds": first_chunk_seconds,
+      "seconds": timing["seconds"], "compile_seconds": timing["compile_seconds"],
+      "steps_per_second": steady,
       "buffer_bytes": pipe.buffer_bytes(state),
-      "num_params": M.count_params(state.params),
-      "data": {"name": ds.name, "sha256": ds.sha256, "tokens": ds.num_tokens},
+      "num_params": model_lib.count_params(state.params),
+      "data": {"name": ds.name, "sha256": ds.sha256, "tokens": ds.num_tokens,
+               "vocab_size": ds.vocab_size},
       "versions": versions(),
   }
   _write_json(run_dir / "result.json", result)
   return result
 
 
-def restore_state(spec: RunSpec, ds: Dataset, run_dir):
+def _truncate_log(log: pathlib.Path, step: int) -> None:
+  """Drops lines past ``step`` (written after the checkpoint a run resumes from)."""
+  if not log.exists():
+    return
+  keep = []
+  for line in log.read_text().splitlines():
+    try:
+      if json.loads(line)["step"] <= step:
+        keep.append(line)
+    except (json.JSONDecodeError, KeyError):
+      break
+  log.write_text("".join(x + "\n" for x in keep))
+
+
+def restore_state(config: RunConfig, ds: Dataset, run_dir):
   """(pipeline, trained pipeline state, loss_fn) of a run, from its last checkpoint."""
-  pipe, state, _, loss_fn = build(spec, ds)
-  losses = np.zeros(spec.steps, np.float32)
-  val = np.zeros(spec.steps // spec.eval_every + 1, np.float32)
-  restored = _Checkpoints(pathlib.Path(run_dir) / "checkpoints").restore(state, losses, val)
+  run_dir = pathlib.Path(run_dir)
+  check_identity(run_dir, identity(config, ds.sha256, ds.vocab_size))
+  pipe, state, _, loss_fn = build(config, ds)
+  losses = np.zeros(config.steps, np.float32)
+  val = np.zeros(config.steps // config.eval_every + 1, np.float32)
+  restored = _Checkpoints(run_dir / "checkpoints").restore(state, losses, val)
   if restored is None:
-    raise FileNotFoundError(f"no checkpoint under {str(run_dir)!r}")
+    raise FileNotFoundError(f"no readable checkpoint under {str(run_dir)!r}")
   return pipe, restored[1], loss_fn

@@ -3,13 +3,16 @@
 Runs every (method, P, seed) of a preset plus the chosen ablations, each as an emulated
 asynchronous pipeline, then writes ``results.csv``, ``report.md`` and PNG figures into one folder.
 Running the same command again skips finished runs and resumes unfinished ones from their last
-checkpoint.
+checkpoint; a run's folder is named by everything that changes its numbers (settings, data hash,
+vocabulary), so a run is never reused with other settings or other data.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import json
 import pathlib
 import sys
@@ -18,20 +21,13 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+import pipeline_sim as ps
+from experiments import ablations as ablations_lib
 from experiments import data as data_lib
 from experiments import methods as methods_lib
-from experiments import model as M
+from experiments import model as model_lib
 from experiments import presets as presets_lib
 from experiments import report, runs
-
-ABLATIONS = {
-    "variants": "the 2 x 2 taxonomy (source x geometry) at P = 1 and the largest P",
-    "stage-aware": "uniform / proportional / reverse refresh allocation at the largest P, equal budget",
-    "no-stashing": "baselines and rotation without weight stashing at P = 1 and the largest P",
-    "refresh-period": "rotation with refresh period 100 against 10, at P = 1 and the largest P",
-    "moe": "the mixture-of-experts model (cpu-moe) at P = 1 and 8",
-    "scaling": "blocks and P grown together (P = blocks = 4, 8, 16) for PipeDream and rotation",
-}
 
 
 def parse_args(argv=None):
@@ -39,21 +35,30 @@ def parse_args(argv=None):
       prog="python -m experiments.sweep", description=__doc__,
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--preset", default="cpu", help=f"one of {sorted(presets_lib.PRESETS)} (default cpu: "
-                      "about 11 minutes on a 2-core CPU); gpu-95m is the paper's 95M model")
+                      "about 12 minutes on a 2-core CPU); gpu-95m is the paper's 95M model")
   parser.add_argument("--methods", nargs="+", help=f"methods to run at every P (default: the preset's); "
                       f"known: {sorted(methods_lib.METHODS)}")
   parser.add_argument("--stages", nargs="+", type=int, help="pipeline depths P (default: the preset's); "
                       "P = 1 is always added as the synchronous reference")
-  parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds (curves are averaged)")
+  parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds (tables: mean and "
+                      "range over seeds)")
   parser.add_argument("--steps", type=int, help="steps per run (a multiple of the preset's chunk)")
+  parser.add_argument("--lr", nargs="+", help="peak learning rate: one value for every method, or "
+                      "METHOD=VALUE pairs (default: the preset's)")
+  parser.add_argument("--batch-size", type=int, help="micro-batch size (default: the preset's)")
+  parser.add_argument("--model", help=f"model config, one of {sorted(model_lib.CONFIGS)} "
+                      "(default: the preset's)")
+  parser.add_argument("--refresh-every", type=int, help="basis refresh period of rotation methods "
+                      "(default: each method's own, 10)")
+  parser.add_argument("--warmup", type=float, help="warm-up fraction of training (default: the "
+                      "preset's, 0.012 as in the paper)")
   parser.add_argument("--data", help="a text file (bytes) or a nanoGPT-style uint16 .bin token file; "
                       "default: the Python standard library's source")
   parser.add_argument("--vocab-size", type=int, help="vocabulary of a .bin token file (default 50257)")
-  parser.add_argument("--mode", default="weight_stashing",
-                      choices=["weight_stashing", "stale_gradients", "no_stashing"],
+  parser.add_argument("--mode", default="weight_stashing", choices=ps.MODES,
                       help="pipeline emulation of the main study (default weight_stashing, PipeDream)")
   parser.add_argument("--ablations", nargs="*", help="ablation groups (default: the preset's): "
-                      + "; ".join(f"{k}: {v}" for k, v in ABLATIONS.items()))
+                      + "; ".join(f"{k}: {v.description}" for k, v in ablations_lib.ABLATIONS.items()))
   parser.add_argument("--out", help="results folder (default results/<preset>)")
   parser.add_argument("--tune-lr", action="store_true", help="choose each method's peak learning "
                       "rate from the preset's grid with short runs at P = 1 (choice recorded)")
@@ -63,88 +68,103 @@ def parse_args(argv=None):
 @dataclasses.dataclass(frozen=True)
 class Plan:
   preset: presets_lib.Preset
-  main: tuple  # RunSpecs of the main study (learning rates may be re-chosen by tuning)
-  ablations: tuple  # (group name, RunSpec) pairs
+  main: tuple  # RunConfigs of the main study (learning rates may be re-chosen by tuning)
+  ablations: tuple  # (group name, RunConfig) pairs
 
 
-def preset_spec(preset: presets_lib.Preset, method: str, stages: int, seed: int, **overrides):
-  """A run of ``method`` at P = ``stages`` with the preset's settings, then ``overrides``."""
-  fields = dict(method=method, stages=stages, seed=seed, lr=preset.learning_rate(method),
-                steps=preset.steps, batch_size=preset.batch_size, model=preset.model,
-                chunk=preset.chunk, eval_every=preset.eval_every, eval_batches=preset.eval_batches,
-                checkpoint_every=preset.checkpoint_every, warmup_fraction=preset.warmup_fraction,
-                pipemare_fraction=preset.pipemare_fraction)
-  return runs.RunSpec(**{**fields, **overrides})
+def _learning_rates(preset, values):
+  """``--lr`` values -> the preset's learning-rate table with them applied."""
+  table = dict(preset.learning_rates)
+  for v in values or ():
+    method, _, rate = v.rpartition("=")
+    try:
+      rate = float(rate)
+    except ValueError:
+      raise ValueError(f"--lr {v!r}: not a number or METHOD=NUMBER") from None
+    if not rate > 0:
+      raise ValueError(f"--lr {v!r}: a learning rate must be > 0")
+    if method:
+      methods_lib.check_method(method)
+      table[method] = rate
+    else:
+      table = {"default": rate}
+  return tuple(table.items())
 
 
-def make_plan(args) -> Plan:
-  """All run specs, validated before any training starts."""
+def make_preset(args) -> presets_lib.Preset:
+  """The preset with the command line's overrides applied to its template."""
   if args.preset not in presets_lib.PRESETS:
     raise ValueError(f"unknown preset {args.preset!r}; choose from {sorted(presets_lib.PRESETS)}")
   preset = presets_lib.PRESETS[args.preset]
+  t = preset.template
+  over = {}
   if args.steps is not None:
-    if args.steps < preset.chunk or args.steps % preset.chunk:
-      raise ValueError(f"--steps {args.steps} must be a positive multiple of the chunk {preset.chunk}")
-    every = lambda n: n if args.steps % n == 0 else preset.chunk
-    preset = dataclasses.replace(preset, steps=args.steps, eval_every=every(preset.eval_every),
-                                 checkpoint_every=every(preset.checkpoint_every))
+    if args.steps < t.chunk or args.steps % t.chunk:
+      raise ValueError(f"--steps {args.steps} must be a positive multiple of the chunk {t.chunk}")
+    every = lambda n: n if args.steps % n == 0 else t.chunk
+    over.update(steps=args.steps, eval_every=every(t.eval_every), checkpoint_every=every(t.checkpoint_every))
+  if args.batch_size is not None:
+    if args.batch_size < 1:
+      raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    over["batch_size"] = args.batch_size
+  if args.model is not None:
+    if args.model not in model_lib.CONFIGS:
+      raise ValueError(f"--model {args.model!r} is unknown; choose from {sorted(model_lib.CONFIGS)}")
+    over["model"] = args.model
+  if args.refresh_every is not None:
+    if args.refresh_every < 1:
+      raise ValueError(f"--refresh-every must be >= 1, got {args.refresh_every}")
+    over["refresh_every"] = args.refresh_every
+  if args.warmup is not None:
+    if not 0 <= args.warmup < 1:
+      raise ValueError(f"--warmup must be in [0, 1), got {args.warmup}")
+    over["warmup_fraction"] = args.warmup
+  return dataclasses.replace(preset, template=dataclasses.replace(t, **over),
+                             learning_rates=_learning_rates(preset, args.lr))
+
+
+def make_plan(args) -> Plan:
+  """All run configs, validated before any training starts."""
+  preset = make_preset(args)
   method_names = tuple(args.methods or preset.methods)
   for m in method_names:
     methods_lib.check_method(m)
+  if any(s < 0 for s in args.seeds):
+    raise ValueError(f"--seeds must be >= 0, got {args.seeds}")
+  if len(set(args.seeds)) != len(args.seeds):
+    raise ValueError(f"--seeds has duplicates: {args.seeds}")
   stages = tuple(sorted(set(args.stages or preset.stages) | {1}))
-  ablations = tuple(preset.ablations if args.ablations is None else args.ablations)
-  for a in ablations:
-    if a not in ABLATIONS:
-      raise ValueError(f"unknown ablation {a!r}; choose from {sorted(ABLATIONS)}")
+  names = tuple(preset.ablations if args.ablations is None else args.ablations)
+  chosen = [(a, ablations_lib.check_ablation(a)) for a in names]
 
-  def spec(method, p, seed, **kw):
-    kw.setdefault("mode", args.mode)
-    s = preset_spec(preset, method, p, seed, **kw)
-    s.validate()
-    return s
+  def make(seed):
+    def config(method, p, **kw):
+      kw.setdefault("mode", args.mode)
+      c = preset.config(method, p, seed, **kw)
+      c.validate()
+      return c
+    return config
 
-  main = tuple(spec(m, p, s) for s in args.seeds for m in method_names for p in stages)
-  top = max(stages)
-  extra = []
-  for s in args.seeds:
-    for a in ablations:
-      if a == "variants":
-        extra += [(a, spec(m, p, s)) for m in ("rotation", "rotation-2nd-uni", "rotation-1st-bi",
-                                               "rotation-1st-uni") for p in (1, top)]
-      elif a == "stage-aware":
-        extra += [(a, spec(m, top, s)) for m in ("rotation", "rotation-sa", "rotation-sa-reverse")]
-      elif a == "refresh-period":
-        extra += [(a, spec(m, p, s)) for m in ("rotation", "rotation-T100") for p in (1, top)]
-      elif a == "no-stashing":
-        extra += [(a, spec(m, p, s, mode="no_stashing")) for m in presets_lib.BASELINES + ("rotation",)
-                  for p in (1, top)]
-      elif a == "moe":
-        extra += [(a, dataclasses.replace(spec(m, p, s), model="cpu-moe"))
-                  for m in presets_lib.BASELINES + ("rotation",) for p in (1, 8)]
-      elif a == "scaling":
-        extra += [(a, dataclasses.replace(spec(m, 1, s), stages=b, num_blocks=b))
-                  for m in ("pipedream", "rotation") for b in (4, 8, 16)]
-  for _, s in extra:
-    s.validate()
-  return Plan(preset, main, tuple(extra))
+  main = tuple(make(s)(m, p) for s in args.seeds for m in method_names for p in stages)
+  extra = tuple((a, c) for s in args.seeds for a, ab in chosen for c in ab.runs(make(s), max(stages)))
+  return Plan(preset, main, extra)
 
 
 def tune_learning_rates(plan: Plan, ds, out: pathlib.Path, overall) -> dict:
   """Best peak learning rate per method from short P = 1 runs over the preset's grid."""
   preset = plan.preset
-  steps = max(preset.chunk, int(preset.steps * preset.tune_fraction) // preset.chunk * preset.chunk)
+  chunk = preset.template.chunk
+  steps = max(chunk, int(preset.template.steps * preset.tune_fraction) // chunk * chunk)
   chosen, trials = {}, {}
-  names = sorted({s.method for s in plan.main} | {s.method for _, s in plan.ablations})
+  names = sorted({c.method for c in plan.main} | {c.method for _, c in plan.ablations})
   for method in names:
     base = preset.learning_rate(method)
     scores = {}
     for mult in preset.tune_grid:
-      spec = preset_spec(preset, method, 1, 0, lr=base * mult, steps=steps, eval_every=steps,
-                         checkpoint_every=steps, tag="tune")
-      result = _run(spec, ds, out, overall)
-      window = max(1, int(steps * preset.smooth_fraction))
-      final = report.final_loss(result, window)
-      scores[spec.lr] = final
+      config = preset.config(method, 1, 0, lr=base * mult, steps=steps, eval_every=steps,
+                             checkpoint_every=steps, tag="tune")
+      result = _run(config, ds, out, overall)
+      scores[config.lr] = report.final_loss(result, preset.window(steps))
     finite = {lr: f for lr, f in scores.items() if np.isfinite(f)}
     chosen[method] = min(finite, key=finite.get) if finite else base
     trials[method] = scores
@@ -153,49 +173,111 @@ def tune_learning_rates(plan: Plan, ds, out: pathlib.Path, overall) -> dict:
   return chosen
 
 
-def _run(spec, ds, out, overall):
-  with tqdm(total=spec.steps, desc=spec.name[:60], leave=False, unit="step", dynamic_ncols=True) as bar:
+def _run(config, ds, out, overall):
+  run_dir = out / "runs" / runs.run_name(config, ds.sha256, ds.vocab_size)
+  with tqdm(total=config.steps, desc=config.name[:48], leave=False, unit="step", dynamic_ncols=True) as bar:
     t0 = time.time()
-    already = runs.load_result(out / "runs" / spec.name) is not None
-    result = runs.train(spec, ds, out / "runs" / spec.name, progress=bar)
+    already = runs.load_result(run_dir) is not None
+    result = runs.train(config, ds, run_dir, progress=bar)
   overall.update(1)
   note = "cached" if already else f"{time.time() - t0:.0f}s"
   finite = [x for x in result["losses"] if np.isfinite(x)]
-  tqdm.write(f"[{overall.n}/{overall.total}] {spec.name}: {result['status']}, "
+  tqdm.write(f"[{overall.n}/{overall.total}] {config.name}: {result['status']}, "
              f"last loss {finite[-1] if finite else float('nan'):.4f} ({note})")
   return result
+
+
+def prepare_out(path: pathlib.Path) -> pathlib.Path:
+  """Creates the results folder; a clear error when that is impossible."""
+  if path.exists() and not path.is_dir():
+    raise ValueError(f"--out {str(path)!r} is a file, not a folder")
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / ".write-test"
+    probe.write_text("")
+    probe.unlink()
+  except OSError as e:
+    raise ValueError(f"--out {str(path)!r} cannot be written: {e.strerror or e}") from None
+  return path
+
+
+@contextlib.contextmanager
+def exclusive(out: pathlib.Path):
+  """Holds ``out/.lock`` so that two sweeps never write into one results folder at once."""
+  with open(out / ".lock", "w") as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise ValueError(f"another sweep is writing into {str(out)!r}; wait for it or use another "
+                       "--out") from None
+    yield
+
+
+def deviations(preset, ds) -> list:
+  """How this preset's runs differ from the paper's setup (listed in the report)."""
+  t = preset.template
+  cfg = t.model_config(ds.vocab_size)
+  paper = model_lib.CONFIGS["paper-95m"]
+  out = []
+  if (cfg.num_blocks, cfg.width, cfg.num_heads, cfg.context) != (paper.num_blocks, paper.width,
+                                                                  paper.num_heads, paper.context):
+    out.append(f"model: {cfg.num_blocks} blocks, width {cfg.width}, {cfg.num_heads} heads, context "
+               f"{cfg.context} (paper: 32 blocks, width 384, 6 heads, context 512)")
+  out.append("model details: q/k/v/output and MLP layers carry biases (Flax nnx.Linear default); "
+             "the paper's nanoGPT-style model may not")
+  out.append(f"data: {ds.name}, vocabulary {ds.vocab_size} (paper: OpenWebText, about 1B tokens, "
+             "GPT-2 BPE vocabulary 50257)")
+  out.append(f"training: {t.steps} steps of batch {t.batch_size} x {cfg.context} tokens (paper: "
+             "250 epochs of its data at P up to 32)")
+  out.append(f"learning rates: {dict(preset.learning_rates)}, not tuned per P (paper: 1e-3 at 95M)")
+  if max(preset.stages) < 32:
+    out.append(f"largest P = {max(preset.stages)} (paper: 32)")
+  return out
 
 
 def main(argv=None) -> pathlib.Path:
   args = parse_args(argv)
   plan = make_plan(args)
   preset = plan.preset
-  context = M.CONFIGS[preset.model].context
-  contexts = {context} | {M.CONFIGS[s.model].context for _, s in plan.ablations}
+  contexts = {c.model_config(256).context for c in plan.main} | {
+      c.model_config(256).context for _, c in plan.ablations}
   ds = data_lib.load(args.data, context=max(contexts), vocab_size=args.vocab_size)
-  out = pathlib.Path(args.out or f"results/{preset.name}")
-  out.mkdir(parents=True, exist_ok=True)
-  print(f"sweep '{preset.name}': {len(plan.main) + len(plan.ablations)} runs -> {out.resolve()}")
-  print(f"data: {ds.name} ({ds.num_tokens} tokens, sha256 {ds.sha256[:16]}...)")
-  t0 = time.time()
-  grid = len(preset.tune_grid) * len({s.method for s in plan.main} | {s.method for _, s in plan.ablations})
-  total = len(plan.main) + len(plan.ablations) + (grid if args.tune_lr else 0)
-  with tqdm(total=total, desc="sweep", unit="run", dynamic_ncols=True) as overall:
-    if args.tune_lr:
-      chosen = tune_learning_rates(plan, ds, out, overall)
-      plan = dataclasses.replace(
-          plan, main=tuple(dataclasses.replace(s, lr=chosen[s.method]) for s in plan.main),
-          ablations=tuple((a, dataclasses.replace(s, lr=chosen[s.method])) for a, s in plan.ablations))
-    main_results = [_run(s, ds, out, overall) for s in plan.main]
-    ablation_results = [(a, _run(s, ds, out, overall)) for a, s in plan.ablations]
-  wall = time.time() - t0
-  report.write(out, preset, main_results, ablation_results, ds, wall)
+  out = prepare_out(pathlib.Path(args.out or f"results/{preset.name}"))
+  with exclusive(out):
+    print(f"sweep '{preset.name}': {len(plan.main) + len(plan.ablations)} runs -> {out.resolve()}")
+    print(f"data: {ds.name} ({ds.num_tokens} tokens, vocabulary {ds.vocab_size}, "
+          f"sha256 {ds.sha256[:16]}...)")
+    t0 = time.time()
+    methods = {c.method for c in plan.main} | {c.method for _, c in plan.ablations}
+    tuning = len(preset.tune_grid) * len(methods) if args.tune_lr else 0
+    total = len(plan.main) + len(plan.ablations) + tuning
+    with tqdm(total=total, desc="sweep", unit="run", dynamic_ncols=True) as overall:
+      if args.tune_lr:
+        chosen = tune_learning_rates(plan, ds, out, overall)
+        plan = dataclasses.replace(
+            plan, main=tuple(dataclasses.replace(c, lr=chosen[c.method]) for c in plan.main),
+            ablations=tuple((a, dataclasses.replace(c, lr=chosen[c.method])) for a, c in plan.ablations))
+      main_results = [_run(c, ds, out, overall) for c in plan.main]
+      ablation_results = [(a, _run(c, ds, out, overall)) for a, c in plan.ablations]
+    wall = time.time() - t0
+    report.write(out, preset, main_results, ablation_results, ablations_lib.ABLATIONS, ds, wall,
+                 deviations(preset, ds))
   print(f"done in {wall:.0f}s: {out / 'report.md'}")
   return out
 
 
-if __name__ == "__main__":
+def cli(argv=None) -> int:
+  """``main`` with one-line errors and a one-line Ctrl-C message."""
   try:
-    main()
-  except (ValueError, FileNotFoundError) as e:
-    sys.exit(f"error: {e}")
+    main(argv)
+  except KeyboardInterrupt:
+    print("\ninterrupted; run the same command again to resume", file=sys.stderr)
+    return 130
+  except (ValueError, FileNotFoundError, runs.DamagedFileError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(cli())

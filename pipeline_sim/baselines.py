@@ -1,4 +1,4 @@
-"""The paper's baselines as optax transformations (SPEC section 4); usable outside the simulator.
+"""The paper's baselines as optax transformations (docs/algorithms.md section 4), usable anywhere.
 
 - ``pipedream``: AdamW (b = (0.9, 0.999), wd 0.01); with weight stashing this is PipeDream, at
   P = 1 the synchronous baseline.
@@ -11,7 +11,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -110,7 +111,7 @@ def nesterov_stage_b1(base: float, delay: int, num_stages: int) -> float:
 
 
 def per_stage(make: Callable[[int], optax.GradientTransformation], num_stages: int,
-              clip_norm: Optional[float] = None) -> list[optax.GradientTransformation]:
+              clip_norm: float | None = None) -> list[optax.GradientTransformation]:
   """One optimizer per stage, ``make(k)``, optionally behind per-stage gradient-norm clipping."""
   opts = [make(k) for k in range(num_stages)]
   if clip_norm is not None:

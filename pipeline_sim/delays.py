@@ -1,4 +1,4 @@
-"""Stage delays of PipeDream 1F1B and the per-leaf stage machinery (SPEC section 1).
+"""Stage delays of PipeDream 1F1B and the per-leaf stage machinery (docs/algorithms.md section 1).
 
 Parameters are any pytree; a *labels* pytree of the same structure gives every leaf its stage
 (an int in ``[0, P)``). ``split_stages`` turns a tree into P trees of the same structure in which
@@ -16,6 +16,16 @@ def stage_delays(num_stages: int) -> tuple[int, ...]:
   if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
     raise ValueError(f"number of stages must be an int >= 1, got {num_stages!r}")
   return tuple(num_stages - 1 - k for k in range(num_stages))
+
+
+def num_stages_of(labels) -> int:
+  """P of a labels tree: ``max(labels) + 1`` (labels must be ints >= 0)."""
+  flat = jax.tree.leaves(labels)
+  bad = [l for l in flat if isinstance(l, bool) or not isinstance(l, int) or l < 0]
+  if not flat or bad:
+    raise ValueError(f"stage labels must be a non-empty tree of ints >= 0, got "
+                     f"{bad[0] if bad else 'no leaves'!r}")
+  return max(flat) + 1
 
 
 def check_labels(params, labels, num_stages: int) -> None:

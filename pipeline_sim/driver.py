@@ -18,14 +18,15 @@ gradients for ``stale_gradients``), beside the current parameters and optimizer 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from pipeline_sim import buffers as rb
-from pipeline_sim.delays import check_labels, merge_stages, split_stages, stage_delays
+from pipeline_sim.delays import check_labels, merge_stages, num_stages_of, split_stages, stage_delays
 from pipeline_sim.gradients import Staged, no_stashing_value_and_grad
 
 MODES = ("weight_stashing", "stale_gradients", "no_stashing")
@@ -47,17 +48,19 @@ class Pipeline:
     loss_fn: ``loss(params, batch) -> scalar``; may be omitted when ``staged`` is given.
     optimizer: one ``optax.GradientTransformation`` (each stage gets its own state) or a sequence
       of P of them (per-stage optimizers).
-    labels: stage index of every parameter leaf (same structure as the parameters).
-    num_stages: P.
+    labels: stage index of every parameter leaf (same structure as the parameters); the number of
+      stages P is ``max(labels) + 1`` and every stage must own at least one leaf.
     mode: one of ``MODES``.
-    staged: the model as stage functions (required for ``"no_stashing"``).
+    staged: the model as P stage functions (required for ``"no_stashing"``).
   """
 
-  def __init__(self, loss_fn: Optional[Callable], optimizer: Union[optax.GradientTransformation,
-               Sequence[optax.GradientTransformation]], labels, num_stages: int,
-               mode: str = "weight_stashing", staged: Optional[Staged] = None):
+  def __init__(self, loss_fn: Callable | None,
+               optimizer: optax.GradientTransformation | Sequence[optax.GradientTransformation],
+               labels, mode: str = "weight_stashing",
+               staged: Staged | None = None):
     if mode not in MODES:
       raise ValueError(f"unknown pipeline mode {mode!r}; choose from {MODES}")
+    num_stages = num_stages_of(labels)
     self.delays = stage_delays(num_stages)
     if mode == "no_stashing" and staged is None:
       raise ValueError("mode 'no_stashing' needs the model as stage functions (staged=Staged(...))")

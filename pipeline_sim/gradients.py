@@ -1,4 +1,4 @@
-"""Gradients as an asynchronous pipeline computes them (SPEC section 1).
+"""Gradients as an asynchronous pipeline computes them (docs/algorithms.md section 1).
 
 - weight stashing / stale gradients: the ordinary gradient, taken at the mixed-version point or at
   the current weights (``jax.value_and_grad`` of the whole loss; the driver picks the point);
@@ -10,7 +10,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -3,7 +3,7 @@
 Everything here works on one float32 matrix side at a time and uses full-precision matmuls
 (``Precision.HIGHEST``) so that GPUs do not silently fall back to TF32.
 
-Notation (SPEC section 2): a side's basis ``Q`` has one column per eigenvector, ordered by
+Notation (docs/algorithms.md section 2): a side's basis ``Q`` has one column per eigenvector, ordered by
 *descending* eigenvalue; ``S`` is that side's statistic (``L = E[G G^T]`` or ``R = E[G^T G]`` for
 the second-order source; ``M M^T`` or ``M^T M`` of the momentum for the first-order source).
 """
@@ -65,35 +65,38 @@ def warm_refresh_second(q, stat, nu, axis):
   return orthonormalize(sq[:, order]), jnp.take(nu, order, axis=axis)  # S (Q P) = (S Q) P
 
 
-def first_order_bases(m, ql, qr, nu, rotate_left, rotate_right):
-  """Warm refresh of both sides from the (look-ahead) momentum ``M`` (m x n).
+def first_order_bases(m, ql, qr, nu, step="paper"):
+  """Warm refresh of the rotated sides (``None``: not rotated) from the look-ahead momentum ``M``.
 
-  Eigenvalue estimates ``||M^T q||^2`` (left) and ``||M q||^2`` (right) sort each side and permute
-  ``nu`` along that side's axis. Bilateral: ``Q_L <- qr(M Q_R).Q``, ``Q_R <- qr(M^T Q_L).Q`` (the
-  sorted old bases, one simultaneous step, as in the paper). Unilateral: the exact power step
-  ``Q <- qr(S Q).Q`` with ``S = M M^T`` (left) or ``M^T M`` (right), formed without ``S``.
+  Each rotated side is sorted by its eigenvalue estimate, ``||M^T q||^2`` (left) or ``||M q||^2``
+  (right), and ``nu`` is permuted along that side's axis. Bilateral: ``Q_L <- qr(M Q_R).Q``,
+  ``Q_R <- qr(M^T Q_L).Q`` (the sorted old bases, one simultaneous step, as in the paper).
+  Unilateral, ``step="paper"`` (the paper's code): ``Q_L <- qr(M[:, columns by descending
+  norm]).Q`` (right: the rows of ``M``), i.e. the bilateral step with the other side held at the
+  identity; ``step="power"``: ``Q <- qr(S Q).Q`` with ``S = M M^T`` (left) or ``M^T M`` (right),
+  formed without ``S``.
 
   Returns:
-    (new left basis, new right basis, permuted nu); an unrotated side is returned unchanged.
+    (new left basis, new right basis, permuted nu); ``None`` for a side that is not rotated.
   """
-  if rotate_left:
+  if ql is not None:
     mtq = mm(m.T, ql)  # (n, m)
     order = jnp.argsort(-jnp.sum(mtq * mtq, axis=0), stable=True)
     ql, mtq, nu = ql[:, order], mtq[:, order], jnp.take(nu, order, axis=0)
-  if rotate_right:
+  if qr is not None:
     mq = mm(m, qr)  # (m, n)
     order = jnp.argsort(-jnp.sum(mq * mq, axis=0), stable=True)
     qr, mq, nu = qr[:, order], mq[:, order], jnp.take(nu, order, axis=1)
-  if rotate_left and rotate_right:
+  if ql is not None and qr is not None:
     return orthonormalize(mq), orthonormalize(mtq), nu
-  if rotate_left:
-    return orthonormalize(mm(m, mtq)), qr, nu
-  if rotate_right:
-    return ql, orthonormalize(mm(m.T, mq)), nu
+  if ql is not None:
+    if step == "power":
+      return orthonormalize(mm(m, mtq)), None, nu
+    cols = jnp.argsort(-jnp.sum(m * m, axis=0), stable=True)
+    return orthonormalize(m[:, cols]), None, nu
+  if qr is not None:
+    if step == "power":
+      return None, orthonormalize(mm(m.T, mq)), nu
+    rows = jnp.argsort(-jnp.sum(m * m, axis=1), stable=True)
+    return None, orthonormalize(m[rows, :].T), nu
   return ql, qr, nu
-
-
-def svd_bases(m, rotate_left, rotate_right):
-  """Cold start from the momentum: full SVD, singular vectors by descending singular value."""
-  u, _, vt = jnp.linalg.svd(m, full_matrices=True)
-  return u if rotate_left else None, vt.T if rotate_right else None

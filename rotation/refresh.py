@@ -1,4 +1,4 @@
-"""Stage-aware basis-refresh budgets (SPEC section 3).
+"""Stage-aware basis-refresh budgets (docs/algorithms.md section 3).
 
 The paper gives staler pipeline stages more frequent basis refreshes at the same total budget as a
 uniform period, but does not publish the formula. Ours: with uniform period ``T`` and ``P`` stages
@@ -17,7 +17,7 @@ Rounding to integer periods keeps the total within a few percent of ``P / T``
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 ALLOCATIONS = ("uniform", "proportional", "reverse")
 

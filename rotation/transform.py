@@ -1,4 +1,5 @@
-"""Basis rotation as an Optax transformation (the paper's Algorithm 1 and 2; SPEC section 2).
+"""Basis rotation as an Optax transformation (the paper's Algorithms 1 and 2, arXiv 2602.03515;
+docs/algorithms.md section 2).
 
 ``scale_by_basis_rotation(inner)`` rotates every selected weight matrix's gradient into an
 estimated Hessian eigenbasis ``G~ = U^T G V``, runs ``inner`` (Adam by default) on the rotated
@@ -28,9 +29,9 @@ whose result is not finite keeps the previous basis and moments instead of insta
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import Any, Callable, NamedTuple, Optional, Union
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,24 @@ from rotation import eigenbasis as eb
 
 SOURCES = ("second", "first")
 GEOMETRIES = ("bilateral", "unilateral")
+FIRST_ORDER_STEPS = ("paper", "power")
 DEFAULT_MAX_PRECOND_DIM = 10000
+
+
+class RotationGroup(NamedTuple):
+  """Stacked state of the k rotated matrices of one group (same shape, sides and period).
+
+  A side that is not rotated (unilateral geometry, a side longer than ``max_precond_dim``) and a
+  statistic that is not kept (first-order source) are ``None``: an empty pytree node that every
+  checkpointer stores.
+  """
+
+  members: jax.Array  # int32 (k,): positions of the k matrices among the flattened leaves (static
+  #   layout derived from the parameters at init; kept so that ``leaf_bases`` needs no plan).
+  left: jax.Array | None  # float32 (k, m, m): left bases U, columns by descending eigenvalue.
+  right: jax.Array | None  # float32 (k, n, n): right bases V, columns by descending eigenvalue.
+  stat_left: jax.Array | None  # float32 (k, m, m): EMA of G G^T (second-order source only).
+  stat_right: jax.Array | None  # float32 (k, n, n): EMA of G^T G (second-order source only).
 
 
 class BasisRotationState(NamedTuple):
@@ -50,16 +68,12 @@ class BasisRotationState(NamedTuple):
   Rotated matrices of the same shape (and refresh period and sides) form a *group* and are stored
   stacked on a leading axis of size k, so that every step runs a few batched matmuls instead of
   one small op per matrix. Groups are ordered by first appearance among the flattened parameters;
-  ``leaf_bases`` maps them back to per-leaf bases. An unrotated side has ``(k, 0, 0)`` placeholders.
+  ``leaf_bases`` maps them back to per-leaf bases.
   """
 
   count: jax.Array  # int32 (): updates taken so far.
-  members: tuple  # per group int32 (k,): positions of its matrices among the flattened leaves.
-  left: tuple  # per group float32 (k, m, m): left bases U, columns by descending eigenvalue.
-  right: tuple  # per group float32 (k, n, n): right bases V, columns by descending eigenvalue.
-  stat_left: tuple  # per group float32 (k, m, m): EMA of G G^T (second-order source only).
-  stat_right: tuple  # per group float32 (k, n, n): EMA of G^T G (second-order source only).
-  inner_state: optax.OptState  # inner's state over (unrotated leaves, rotated group stacks).
+  groups: tuple  # one RotationGroup per group.
+  inner_state: optax.OptState  # inner's state over (unrotated leaves, one (k, m, n) stack per group).
 
 
 def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
@@ -92,28 +106,43 @@ def _matrix_shape(shape):
 
 
 def _rotated_sides(shape, selected, geometry, max_dim):
-  """Static (rotate_left, rotate_right) for a leaf of ``shape``."""
+  """Static (rotate_left, rotate_right) for a leaf of ``shape``.
+
+  Unilateral geometry rotates the smaller side, and the *input* side of a square matrix, as the
+  paper does. Flax kernels are (in, out), the transpose of PyTorch's (out, in), so the input side
+  is the left one: rotate left when ``rows <= cols``, else right.
+  """
   if not selected or len(shape) < 2:
     return False, False
   m, n = _matrix_shape(shape)
-  left, right = (True, True) if geometry == "bilateral" else (m < n, m >= n)
+  left, right = (True, True) if geometry == "bilateral" else (m <= n, m > n)
   return left and m <= max_dim, right and n <= max_dim
 
 
 def _rotate_in(g, ql, qr):
-  if ql.size:
+  if ql is not None:
     g = eb.mm(ql.T, g)
-  if qr.size:
+  if qr is not None:
     g = eb.mm(g, qr)
   return g
 
 
 def _rotate_out(u, ql, qr):
-  if ql.size:
+  if ql is not None:
     u = eb.mm(ql, u)
-  if qr.size:
+  if qr is not None:
     u = eb.mm(u, qr.T)
   return u
+
+
+class _GroupPlan(NamedTuple):
+  """Static layout of one group."""
+
+  members: tuple  # positions of its matrices among the flattened leaves
+  shape: tuple  # (m, n) of each matrix
+  left: bool  # left side rotated
+  right: bool  # right side rotated
+  period: int  # refresh period
 
 
 class _Plan(NamedTuple):
@@ -122,7 +151,7 @@ class _Plan(NamedTuple):
   treedef: Any
   shapes: tuple  # per leaf
   plain: tuple  # indices of unrotated leaves
-  groups: tuple  # per group: (members, (m, n), rotate_left, rotate_right, period)
+  groups: tuple  # one _GroupPlan per group
 
 
 def _plan(tree, mask, geometry, max_dim, refresh_every) -> _Plan:
@@ -138,7 +167,7 @@ def _plan(tree, mask, geometry, max_dim, refresh_every) -> _Plan:
     else:
       plain.append(i)
   return _Plan(treedef, tuple(jnp.shape(x) for x in leaves), tuple(plain),
-               tuple((tuple(members), *key) for key, members in groups.items()))
+               tuple(_GroupPlan(tuple(members), *key) for key, members in groups.items()))
 
 
 def _check_int_periods(refresh_every):
@@ -170,35 +199,48 @@ def _mask_tree(mask, params):
 
 
 def scale_by_basis_rotation(
-    inner: Optional[optax.GradientTransformation] = None,
+    inner: optax.GradientTransformation | None = None,
     *,
     source: str = "second",
     geometry: str = "bilateral",
-    refresh_every: Union[int, Any] = 10,
+    refresh_every: int | Any = 10,
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-8,
-    shampoo_beta: Optional[float] = None,
+    shampoo_beta: float | None = None,
     max_precond_dim: int = DEFAULT_MAX_PRECOND_DIM,
-    mask: Union[None, Any, Callable[[Any], Any]] = None,
+    mask: None | Any | Callable[[Any], Any] = None,
+    first_order_step: str = "paper",
 ) -> optax.GradientTransformationExtraArgs:
   """Runs ``inner`` in a rotated (Kronecker-factored) eigenbasis of every selected matrix.
 
   Per selected matrix ``W`` (m x n) and step ``t = 1, 2, ...`` with gradient ``G``:
   (1) second-order source: ``L <- bs L + (1 - bs) G G^T``, ``R <- bs R + (1 - bs) G^T G``;
-  (2) if ``t == 1`` or ``t % refresh_every == 0``: refresh the bases (cold start ``eigh`` of
-  ``L``/``R`` or SVD of the look-ahead momentum; warm: sort by Rayleigh quotient, permute ``nu``,
-  one QR power step), re-expressing the inner first moment exactly; (3) ``G~ = U^T G V``;
-  (4) ``u~ = inner(G~)``; (5) return ``U u~ V^T``.
+  (2) if ``t == 1`` or ``t % refresh_every == 0``: refresh the bases, re-expressing the inner first
+  moment exactly; (3) ``G~ = U^T G V``; (4) ``u~ = inner(G~)``; (5) return ``U u~ V^T``.
+
+  Step 1 is exact: at ``t == 1`` both sources' statistics (``L = (1 - bs) G G^T``, the look-ahead
+  momentum ``(1 - b1) G``) have the singular vectors of ``G`` as eigenvectors, so the bases come
+  from one SVD ``G = U S V^T`` and the rotated gradient is set to ``S`` (bilateral), ``S V^T``
+  (left only) or ``U S`` (right only) exactly. Computing ``U^T G V`` in float32 instead leaves
+  off-diagonal round-off that ``/ (sqrt(nu) + eps)`` turns into update entries as large as the
+  real ones. Warm refresh (``t % refresh_every == 0``), per rotated side: sort the basis by its
+  eigenvalue estimate (Rayleigh quotient ``diag(Q^T S Q)``; first-order source: ``||M^T q||^2`` or
+  ``||M q||^2``), permute ``nu`` along that side with the same permutation, then one step of
+  orthogonal iteration ``Q <- qr(S Q).Q``. First-order source, bilateral: ``Q_L <- qr(M Q_R).Q``,
+  ``Q_R <- qr(M^T Q_L).Q`` from the sorted old bases (the paper's step).
 
   Args:
     inner: transformation run in the rotated space; default ``scale_by_adam(b1, b2, eps)`` with
       the paper's bias correction. It receives rotated float32 gradients and ``params=None``
-      (weight decay belongs outside, in original coordinates).
+      (weight decay belongs outside, in original coordinates). Extra arguments of ``update``
+      (``value=loss`` and the like) reach ``inner`` only if it accepts them
+      (``optax.with_extra_args_support``).
     source: ``"second"`` (eigenbasis of the gradient second moments ``L``, ``R``; = SOAP) or
       ``"first"`` (singular vectors of the momentum; no ``L``/``R`` memory).
-    geometry: ``"bilateral"`` (rotate both sides) or ``"unilateral"`` (only the smaller side:
-      left if ``m < n``, else right).
+    geometry: ``"bilateral"`` (rotate both sides) or ``"unilateral"`` (only the smaller side, the
+      input side of a square matrix: left if ``rows <= cols``, else right, for Flax's (in, out)
+      kernels).
     refresh_every: basis refresh period ``T_freq`` (int >= 1), or a pytree prefix of the
       parameters giving one period per leaf or group (for example per pipeline stage).
     b1: first-moment decay of the default inner Adam; also the look-ahead weight of the
@@ -209,26 +251,34 @@ def scale_by_basis_rotation(
     max_precond_dim: a side longer than this is left unrotated.
     mask: which leaves to rotate: ``None`` (every leaf with ``ndim >= 2``), a pytree of bools with
       the parameters' structure, or a callable ``params -> such a pytree``.
+    first_order_step: the warm refresh of the first-order source in *unilateral* geometry.
+      ``"paper"`` (the paper's code): ``Q <- qr(M[:, columns sorted by norm]).Q`` (left; ``M^T`` for
+      the right side), the other side held at the identity; it discards the old basis.
+      ``"power"``: a true power step ``Q <- qr(M M^T Q).Q`` (left; ``M^T M`` for the right side)
+      from the sorted old basis, which tracks the eigenbasis better.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is ``BasisRotationState``.
 
   References:
     Mitigating Staleness in Asynchronous Pipeline Parallelism via Basis Rotation, ICML 2026
-    (arXiv 2602.03515); Vyas et al., SOAP, 2024 (arXiv 2409.11321).
+    (arXiv 2602.03515), Algorithms 1 and 2; Vyas et al., SOAP, 2024 (arXiv 2409.11321).
   """
   if source not in SOURCES:
     raise ValueError(f"unknown source {source!r}; choose from {SOURCES}")
   if geometry not in GEOMETRIES:
     raise ValueError(f"unknown geometry {geometry!r}; choose from {GEOMETRIES}")
+  if first_order_step not in FIRST_ORDER_STEPS:
+    raise ValueError(f"unknown first_order_step {first_order_step!r}; choose from {FIRST_ORDER_STEPS}")
   _check_int_periods(refresh_every)
   if isinstance(eps, (int, float)) and eps < 0:
     raise ValueError(f"eps must be >= 0, got {eps}")
   if isinstance(max_precond_dim, bool) or not isinstance(max_precond_dim, int) or max_precond_dim < 0:
     raise ValueError(f"max_precond_dim must be a Python int >= 0 (with optax.inject_hyperparams, "
                      f"list it in static_args), got {max_precond_dim!r}")
-  inner = scale_by_adam(b1, b2, eps) if inner is None else inner
+  inner = optax.with_extra_args_support(scale_by_adam(b1, b2, eps) if inner is None else inner)
   bs = b2 if shampoo_beta is None else shampoo_beta
+  second = source == "second"
 
   def plan_of(tree):
     return _plan(tree, mask, geometry, max_precond_dim, refresh_every)
@@ -236,82 +286,95 @@ def scale_by_basis_rotation(
   def inner_tree(plan, leaves):
     """The rotated space: (unrotated leaves, one (k, m, n) stack per group), float32."""
     plain = [leaves[i].astype(jnp.float32) for i in plan.plain]
-    stacks = [jnp.stack([leaves[i].reshape(shape).astype(jnp.float32) for i in members])
-              for members, shape, *_ in plan.groups]
+    stacks = [jnp.stack([leaves[i].reshape(g.shape).astype(jnp.float32) for i in g.members])
+              for g in plan.groups]
     return plain, stacks
 
   def init_fn(params):
     plan = plan_of(params)
     leaves = jax.tree.leaves(params)
-    side = lambda k, d, on, fill: fill((k, d, d)) if on else jnp.zeros((k, 0, 0), jnp.float32)
-    eye = lambda shape: jnp.broadcast_to(jnp.eye(shape[1], dtype=jnp.float32), shape)
-    zeros = lambda shape: jnp.zeros(shape, jnp.float32)
-    second = source == "second"
-    groups = plan.groups
     inner_state = inner.init(inner_tree(plan, [jnp.zeros(jnp.shape(x), jnp.float32) for x in leaves]))
     if source == "first" and otu.tree_get(inner_state, "mu") is None:
       raise ValueError("source='first' needs an inner transformation with a first moment named 'mu'")
-    return BasisRotationState(
-        count=jnp.zeros([], jnp.int32),
-        members=tuple(jnp.asarray(members, jnp.int32) for members, *_ in groups),
-        left=tuple(side(len(g[0]), g[1][0], g[2], eye) for g in groups),
-        right=tuple(side(len(g[0]), g[1][1], g[3], eye) for g in groups),
-        stat_left=tuple(side(len(g[0]), g[1][0], g[2] and second, zeros) for g in groups),
-        stat_right=tuple(side(len(g[0]), g[1][1], g[3] and second, zeros) for g in groups),
-        inner_state=inner_state)
+
+    def group(g):
+      k, (m, n) = len(g.members), g.shape
+      eye = lambda d: jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (k, d, d))
+      zeros = lambda d: jnp.zeros((k, d, d), jnp.float32)
+      return RotationGroup(
+          members=jnp.asarray(g.members, jnp.int32),
+          left=eye(m) if g.left else None, right=eye(n) if g.right else None,
+          stat_left=zeros(m) if g.left and second else None,
+          stat_right=zeros(n) if g.right and second else None)
+
+    return BasisRotationState(jnp.zeros([], jnp.int32), tuple(group(g) for g in plan.groups),
+                              inner_state)
 
   def statistics(g, sl, sr):
     """One matrix's second-order statistics L, R (updated every step; lifted with vmap)."""
-    if source == "second":
-      if sl.size:
-        sl = bs * sl + (1 - bs) * eb.mm(g, g.T)
-      if sr.size:
-        sr = bs * sr + (1 - bs) * eb.mm(g.T, g)
+    if sl is not None:
+      sl = bs * sl + (1 - bs) * eb.mm(g, g.T)
+    if sr is not None:
+      sr = bs * sr + (1 - bs) * eb.mm(g.T, g)
     return sl, sr
 
-  def refresh(warm, args):
-    """One matrix's basis refresh, first-moment re-expression and second-moment permutation."""
+  def reexpress(mu, ql, qr, new_l, new_r):
+    """The rotated first moment in the new basis: ``U_new^T U_old M~ V_old^T V_new`` (exact)."""
+    if ql is not None:
+      mu = eb.mm(eb.mm(new_l.T, ql), mu)
+    if qr is not None:
+      mu = eb.mm(mu, eb.mm(qr.T, new_r))
+    return mu
+
+  def guarded(g, ql, qr, mu, nu, new_l, new_r, new_nu, g_rot):
+    """The refreshed (bases, moments, rotated gradient), or the old ones if any is not finite."""
+    new = (new_l, new_r, reexpress(mu, ql, qr, new_l, new_r), new_nu, g_rot)
+    ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new[:2] + new[3:4])]))
+    old = (ql, qr, mu, nu, _rotate_in(g, ql, qr))
+    return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+
+  def cold(args):
+    """Step 1 for one matrix: bases and rotated gradient from the SVD of ``G`` (exact)."""
     g, ql, qr, sl, sr, mu, nu = args
-    rot_l, rot_r = ql.size > 0, qr.size > 0
-    if source == "first":
-      look_ahead = b1 * _rotate_out(mu, ql, qr) + (1 - b1) * g
-      if warm:
-        new_l, new_r, new_nu = eb.first_order_bases(look_ahead, ql, qr, nu, rot_l, rot_r)
-      else:
-        new_l, new_r = eb.svd_bases(look_ahead, rot_l, rot_r)
-        new_l, new_r, new_nu = (ql if new_l is None else new_l), (qr if new_r is None else new_r), nu
-    elif warm:
+    u, s, vt = jnp.linalg.svd(g, full_matrices=True)
+    k = s.shape[0]
+    sigma = jnp.zeros(g.shape, g.dtype).at[jnp.arange(k), jnp.arange(k)].set(s)
+    new_l, new_r = (u if ql is not None else None), (vt.T if qr is not None else None)
+    if ql is not None and qr is not None:
+      g_rot = sigma
+    elif ql is not None:
+      g_rot = eb.mm(sigma, vt)  # U^T G = S V^T
+    else:
+      g_rot = eb.mm(u, sigma)  # G V = U S
+    return guarded(g, ql, qr, mu, nu, new_l, new_r, nu, g_rot)
+
+  def warm(args):
+    """A warm refresh of one matrix: sort, permute ``nu``, one orthogonal-iteration step."""
+    g, ql, qr, sl, sr, mu, nu = args
+    if second:
       new_l, new_r, new_nu = ql, qr, nu
-      if rot_l:
+      if ql is not None:
         new_l, new_nu = eb.warm_refresh_second(ql, sl, new_nu, axis=0)
-      if rot_r:
+      if qr is not None:
         new_r, new_nu = eb.warm_refresh_second(qr, sr, new_nu, axis=1)
     else:
-      new_l = eb.eigh_descending(sl) if rot_l else ql
-      new_r = eb.eigh_descending(sr) if rot_r else qr
-      new_nu = nu
-    new_mu = mu  # exact re-expression of the first moment in the new basis
-    if rot_l:
-      new_mu = eb.mm(eb.mm(new_l.T, ql), new_mu)
-    if rot_r:
-      new_mu = eb.mm(new_mu, eb.mm(qr.T, new_r))
-    ok = jnp.all(jnp.isfinite(new_l)) & jnp.all(jnp.isfinite(new_r)) & jnp.all(jnp.isfinite(new_nu))
-    keep = lambda new, old: jnp.where(ok, new, old)
-    return keep(new_l, ql), keep(new_r, qr), keep(new_mu, mu), keep(new_nu, nu)
+      look_ahead = b1 * _rotate_out(mu, ql, qr) + (1 - b1) * g
+      new_l, new_r, new_nu = eb.first_order_bases(look_ahead, ql, qr, nu, first_order_step)
+    return guarded(g, ql, qr, mu, nu, new_l, new_r, new_nu, _rotate_in(g, new_l, new_r))
 
-  def group_step(count, period, g, ql, qr, sl, sr, mu, nu):
+  def group_step(count, plan_g, group, g, mu, nu):
     """A group of k same-shape matrices: statistics, refresh under lax.switch, rotation in.
 
-    The refresh loops over the matrices with ``lax.map`` rather than batching them: batched CPU
-    LAPACK kernels (eigh, QR) can deadlock XLA's thread pool when several run concurrently.
+    Refreshes loop over the matrices with ``lax.map`` rather than batching them: batched CPU
+    LAPACK kernels (eigh, QR, SVD) can deadlock XLA's thread pool when several run concurrently.
     """
-    sl, sr = jax.vmap(statistics)(g, sl, sr)
-    keep = lambda args: (args[1], args[2], args[5], args[6])
-    cold = lambda args: jax.lax.map(functools.partial(refresh, False), args)
-    warm = lambda args: jax.lax.map(functools.partial(refresh, True), args)
-    branch = jnp.where(count == 1, 1, jnp.where(count % period == 0, 2, 0))
-    ql, qr, mu, nu = jax.lax.switch(branch, [keep, cold, warm], (g, ql, qr, sl, sr, mu, nu))
-    return jax.vmap(_rotate_in)(g, ql, qr), ql, qr, sl, sr, mu, nu
+    sl, sr = jax.vmap(statistics)(g, group.stat_left, group.stat_right)
+    args = (g, group.left, group.right, sl, sr, mu, nu)
+    keep = lambda a: (a[1], a[2], a[5], a[6], jax.vmap(_rotate_in)(a[0], a[1], a[2]))
+    branch = jnp.where(count == 1, 1, jnp.where(count % plan_g.period == 0, 2, 0))
+    ql, qr, mu, nu, g_rot = jax.lax.switch(
+        branch, [keep, lambda a: jax.lax.map(cold, a), lambda a: jax.lax.map(warm, a)], args)
+    return g_rot, group._replace(left=ql, right=qr, stat_left=sl, stat_right=sr), mu, nu
 
   def update_fn(updates, state, params=None, **extra_args):
     del params
@@ -319,16 +382,15 @@ def scale_by_basis_rotation(
     leaves = jax.tree.leaves(updates)
     count = optax.safe_int32_increment(state.count)
     plain, stacks = inner_tree(plan, leaves)
-    mus = otu.tree_get(state.inner_state, "mu")
+    mus = otu.tree_get(state.inner_state, "mu")  # (plain leaves, group stacks) or None
     nus = otu.tree_get(state.inner_state, "nu")
-    outs = []
-    for j, (_, _, _, _, period) in enumerate(plan.groups):
-      mu = stacks[j] * 0 if mus is None else mus[1][j]
-      nu = stacks[j] * 0 if nus is None else nus[1][j]
-      outs.append(group_step(count, period, stacks[j], state.left[j], state.right[j],
-                             state.stat_left[j], state.stat_right[j], mu, nu))
-    rotated, left, right, stat_left, stat_right, new_mu, new_nu = (
-        [o[i] for o in outs] for i in range(7))
+    rotated, groups, new_mu, new_nu = [], [], [], []
+    for j, (plan_g, group) in enumerate(zip(plan.groups, state.groups)):
+      mu = jnp.zeros_like(stacks[j]) if mus is None else mus[1][j]
+      nu = jnp.zeros_like(stacks[j]) if nus is None else nus[1][j]
+      out = group_step(count, plan_g, group, stacks[j], mu, nu)
+      for acc, x in zip((rotated, groups, new_mu, new_nu), out):
+        acc.append(x)
     inner_state = state.inner_state
     if mus is not None:
       inner_state = otu.tree_set(inner_state, mu=(mus[0], new_mu))
@@ -338,13 +400,11 @@ def scale_by_basis_rotation(
     out = [None] * len(leaves)
     for i, u in zip(plan.plain, plain_u):
       out[i] = u.astype(leaves[i].dtype)
-    for j, (members, *_) in enumerate(plan.groups):
-      back = jax.vmap(_rotate_out)(stack_u[j], left[j], right[j])
-      for row, i in enumerate(members):
+    for plan_g, group, u in zip(plan.groups, groups, stack_u):
+      back = jax.vmap(_rotate_out)(u, group.left, group.right)
+      for row, i in enumerate(plan_g.members):
         out[i] = back[row].reshape(plan.shapes[i]).astype(leaves[i].dtype)
-    new_state = BasisRotationState(count, state.members, tuple(left), tuple(right), tuple(stat_left),
-                                   tuple(stat_right), inner_state)
-    return jax.tree.unflatten(plan.treedef, out), new_state
+    return jax.tree.unflatten(plan.treedef, out), BasisRotationState(count, tuple(groups), inner_state)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -358,11 +418,12 @@ def basis_rotation(
     *,
     source: str = "second",
     geometry: str = "bilateral",
-    refresh_every: Union[int, Any] = 10,
-    shampoo_beta: Optional[float] = None,
+    refresh_every: int | Any = 10,
+    shampoo_beta: float | None = None,
     max_precond_dim: int = DEFAULT_MAX_PRECOND_DIM,
-    mask: Union[None, Any, Callable[[Any], Any]] = None,
-    weight_decay_mask: Union[None, Any, Callable[[Any], Any]] = None,
+    mask: None | Any | Callable[[Any], Any] = None,
+    weight_decay_mask: None | Any | Callable[[Any], Any] = None,
+    first_order_step: str = "paper",
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW in a rotated eigenbasis: the paper's optimizer as an optax alias.
 
@@ -383,6 +444,7 @@ def basis_rotation(
     max_precond_dim: sides longer than this are not rotated.
     mask: which leaves to rotate (see ``scale_by_basis_rotation``).
     weight_decay_mask: passed to ``optax.add_decayed_weights`` (default: all leaves).
+    first_order_step: ``"paper"`` or ``"power"``; see ``scale_by_basis_rotation``.
 
   Returns:
     The chained ``optax.GradientTransformationExtraArgs``.
@@ -390,18 +452,20 @@ def basis_rotation(
   return optax.chain(
       scale_by_basis_rotation(source=source, geometry=geometry, refresh_every=refresh_every,
                               b1=b1, b2=b2, eps=eps, shampoo_beta=shampoo_beta,
-                              max_precond_dim=max_precond_dim, mask=mask),
+                              max_precond_dim=max_precond_dim, mask=mask,
+                              first_order_step=first_order_step),
       optax.add_decayed_weights(weight_decay, weight_decay_mask),
       optax.scale_by_learning_rate(learning_rate),
   )
 
 
 def leaf_bases(state: BasisRotationState, params):
-  """Per-leaf ``(U, V)`` of a ``BasisRotationState`` (``None`` for unrotated leaves; a ``(0, 0)``
-  array for an unrotated side). A host-side utility for diagnostics and tests."""
+  """Per-leaf ``(U, V)`` of a ``BasisRotationState`` (``None`` for unrotated leaves and for an
+  unrotated side). A host-side utility for diagnostics and tests."""
   leaves, treedef = jax.tree.flatten(params)
   out = [None] * len(leaves)
-  for members, left, right in zip(state.members, state.left, state.right):
-    for row, i in enumerate(jax.device_get(members).tolist()):
-      out[i] = (left[row], right[row])
-  return jax.tree.unflatten(treedef, out)
+  for group in state.groups:
+    for row, i in enumerate(jax.device_get(group.members).tolist()):
+      out[i] = (None if group.left is None else group.left[row],
+                None if group.right is None else group.right[row])
+  return treedef.unflatten(out)

@@ -1,4 +1,4 @@
-"""Every worked number of SPEC section 6 exactly, and measured ratios within stated tolerances."""
+"""Every worked number of the tutorial exactly, and measured ratios within stated tolerances."""
 
 import jax
 import jax.numpy as jnp

@@ -70,3 +70,17 @@ def test_bad_files(tmp_path):
   np.full(100, 700, np.uint16).tofile(big)
   with pytest.raises(ValueError, match="token id 700 >= vocab_size 500"):
     data.load(big, context=8, vocab_size=500)
+
+
+def test_bpe_token_file_is_offline_deterministic_and_reused(tmp_path):
+  text = ("def add(a, b):\n    return a + b\n\nclass Point:\n    x: int = 0\n" * 400).encode()
+  path = data.bpe_token_file(text, 300, tmp_path / "a")
+  again = data.bpe_token_file(text, 300, tmp_path / "b")
+  ids = np.fromfile(path, np.uint16)
+  np.testing.assert_array_equal(ids, np.fromfile(again, np.uint16))
+  assert 0 < len(ids) < len(text) and ids.max() < 300  # subwords: fewer tokens than bytes
+  from tokenizers import Tokenizer
+  tok = Tokenizer.from_file(str(path.with_suffix(".json")))
+  assert tok.decode(ids.tolist()) == text.decode()
+  mtime = path.stat().st_mtime_ns
+  assert data.bpe_token_file(text, 300, tmp_path / "a") == path and path.stat().st_mtime_ns == mtime

@@ -53,6 +53,24 @@ def test_first_order_power_steps_recover_singular_vectors():
   ql, qr = jnp.eye(5), jnp.eye(7)
   nu = jnp.zeros((5, 7))
   for _ in range(30):
-    ql, qr, nu = eb.first_order_bases(jnp.asarray(m, jnp.float32), ql, qr, nu, True, True)
+    ql, qr, nu = eb.first_order_bases(jnp.asarray(m, jnp.float32), ql, qr, nu)
   np.testing.assert_allclose(np.abs(np.asarray(ql).T @ u), np.eye(5), atol=1e-3)
   np.testing.assert_allclose(np.abs(np.asarray(qr)[:, :5].T @ v[:, :5]), np.eye(5), atol=1e-3)
+
+
+def test_first_order_unilateral_steps():
+  """Unilateral, both steps find the left singular vectors of a fixed momentum; the paper's step
+  in one go from M's sorted columns, the power step by iterating from any start."""
+  rng = np.random.default_rng(4)
+  u = np.linalg.qr(rng.normal(size=(5, 5)))[0]
+  v = np.linalg.qr(rng.normal(size=(9, 9)))[0]
+  m = jnp.asarray(u @ np.diag([8.0, 4.0, 2.0, 1.0, 0.5]) @ v[:, :5].T, jnp.float32)
+  paper, none, _ = eb.first_order_bases(m, jnp.eye(5), None, jnp.zeros((5, 9)), "paper")
+  assert none is None
+  cols = np.argsort(-np.sum(np.asarray(m) ** 2, 0), kind="stable")
+  expected = np.linalg.qr(np.asarray(m)[:, cols], mode="complete")[0]
+  np.testing.assert_allclose(np.abs(np.asarray(paper)), np.abs(expected), atol=1e-5)
+  ql = jnp.eye(5)
+  for _ in range(40):
+    ql, _, _ = eb.first_order_bases(m, ql, None, jnp.zeros((5, 9)), "power")
+  np.testing.assert_allclose(np.abs(np.asarray(ql).T @ u), np.eye(5), atol=1e-3)

@@ -2,33 +2,33 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import model as M
+from experiments import model as model_lib
 
-TINY = M.CONFIGS["cpu-tiny"]
+TINY = model_lib.CONFIGS["cpu-tiny"]
 
 
 @pytest.fixture(scope="module")
 def tiny():
-  graphdef, params = M.init(TINY, seed=0)
+  graphdef, params = model_lib.init(TINY, seed=0)
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, TINY.context), 0, TINY.vocab_size)
   return graphdef, params, tokens
 
 
 def test_paper_95m_parameter_count_without_allocation():
-  shapes = M.abstract_params(M.CONFIGS["paper-95m"])
+  shapes = model_lib.abstract_params(model_lib.CONFIGS["paper-95m"])
   assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(shapes))
   # Independent count: embeddings + head + 32 blocks (4 attention + 2 MLP matrices with biases,
   # two LayerNorms) + final LayerNorm.
   v, d, c, h = 50257, 384, 512, 4 * 384
   block = 4 * (d * d + d) + (d * h + h) + (h * d + d) + 2 * 2 * d
   expected = v * d + c * d + 32 * block + 2 * d + d * v + v
-  assert M.count_params(shapes) == expected
+  assert model_lib.count_params(shapes) == expected
   assert abs(expected - 95.6e6) / 95.6e6 < 0.005
 
 
 def test_forward_shapes_and_init_scale(tiny):
   graphdef, params, tokens = tiny
-  logits, aux = jax.jit(lambda p, t: M.forward(graphdef, p, t))(params, tokens)
+  logits, aux = jax.jit(lambda p, t: model_lib.forward(graphdef, p, t))(params, tokens)
   assert logits.shape == (2, TINY.context, TINY.vocab_size)
   assert float(aux) == 0.0
   kernel = np.asarray(params["blocks"][0]["mlp"]["fc1"]["kernel"])
@@ -40,7 +40,7 @@ def test_forward_shapes_and_init_scale(tiny):
 
 def test_forward_is_causal(tiny):
   graphdef, params, tokens = tiny
-  f = jax.jit(lambda t: M.forward(graphdef, params, t)[0])
+  f = jax.jit(lambda t: model_lib.forward(graphdef, params, t)[0])
   changed = tokens.at[:, -1].set((tokens[:, -1] + 1) % TINY.vocab_size)
   np.testing.assert_allclose(f(tokens)[:, :-1], f(changed)[:, :-1], atol=1e-6)
   assert not np.allclose(f(tokens)[:, -1], f(changed)[:, -1])
@@ -49,7 +49,7 @@ def test_forward_is_causal(tiny):
 @pytest.mark.parametrize("num_stages", [1, 2, 4])
 def test_stage_labels_cover_every_leaf_contiguously(tiny, num_stages):
   _, params, _ = tiny
-  labels = M.stage_labels(params, num_stages)
+  labels = model_lib.stage_labels(params, num_stages)
   assert jax.tree.structure(labels) == jax.tree.structure(params)
   flat = [l for _, l in jax.tree_util.tree_flatten_with_path(labels)[0]]
   assert set(flat) == set(range(num_stages))
@@ -69,8 +69,8 @@ def test_stage_labels_cover_every_leaf_contiguously(tiny, num_stages):
 @pytest.mark.parametrize("num_stages", [2, 4])
 def test_composed_stage_functions_equal_forward(tiny, num_stages):
   graphdef, params, tokens = tiny
-  fns = M.stage_functions(TINY, num_stages)
-  labels = M.stage_labels(params, num_stages)
+  fns = model_lib.stage_functions(TINY, num_stages)
+  labels = model_lib.stage_labels(params, num_stages)
 
   @jax.jit
   def composed(params):
@@ -80,7 +80,7 @@ def test_composed_stage_functions_equal_forward(tiny, num_stages):
     return act
 
   logits, aux = composed(params)
-  ref_logits, ref_aux = M.forward(graphdef, params, tokens)
+  ref_logits, ref_aux = model_lib.forward(graphdef, params, tokens)
   np.testing.assert_allclose(logits, ref_logits, atol=1e-5)
   np.testing.assert_allclose(aux, ref_aux)
 
@@ -90,24 +90,24 @@ def test_composed_stage_functions_equal_forward(tiny, num_stages):
 def test_bad_stage_counts(tiny, num_stages, match):
   _, params, _ = tiny
   with pytest.raises(ValueError, match=match):
-    M.stage_labels(params, num_stages)
+    model_lib.stage_labels(params, num_stages)
   with pytest.raises(ValueError, match=match):
-    M.stage_functions(TINY, num_stages)
+    model_lib.stage_functions(TINY, num_stages)
 
 
 def test_bad_config():
   with pytest.raises(ValueError, match="not divisible by num_heads 3"):
-    M.ModelConfig(width=32, num_heads=3)
+    model_lib.ModelConfig(width=32, num_heads=3)
   with pytest.raises(ValueError, match="unknown activation 'tanhh'"):
-    M.ModelConfig(activation="tanhh")
+    model_lib.ModelConfig(activation="tanhh")
 
 
 def test_moe_routing_and_balance_loss():
-  cfg = M.ModelConfig(num_blocks=2, width=16, num_heads=2, context=8, vocab_size=32,
+  cfg = model_lib.ModelConfig(num_blocks=2, width=16, num_heads=2, context=8, vocab_size=32,
                       num_experts=4, top_k=2)
-  graphdef, params = M.init(cfg, seed=3)
+  graphdef, params = model_lib.init(cfg, seed=3)
   tokens = jax.random.randint(jax.random.PRNGKey(0), (3, 8), 0, 32)
-  logits, aux = jax.jit(lambda p: M.forward(graphdef, p, tokens))(params)
+  logits, aux = jax.jit(lambda p: model_lib.forward(graphdef, p, tokens))(params)
   assert logits.shape == (3, 8, 32)
   from flax import nnx
   moe = nnx.merge(graphdef, params).blocks[0].mlp

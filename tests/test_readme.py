@@ -20,6 +20,16 @@ def test_quickstart_runs():
   assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
 
 
+def test_pipeline_snippet_runs():
+  quickstart, pipeline = re.findall(r"```python\n(.*?)```", README, re.S)[:2]
+  scope = {}
+  exec(compile(quickstart, "README quickstart", "exec"), scope)
+  exec(compile(pipeline, "README pipeline", "exec"), scope)
+  losses = np.asarray(scope["losses"])
+  assert scope["pipe"].num_stages == 4 and losses.shape == (20,) and np.all(np.isfinite(losses))
+  assert int(scope["state"].step) == 20
+
+
 def test_ci_runs_the_readme_test_command():
   ci = (ROOT / ".ci" / "run").read_text()
   test_cmd = re.findall(r"```bash\n(python3 -m venv .*pytest.*)\n```", README)[0]

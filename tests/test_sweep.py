@@ -17,7 +17,7 @@ def test_smoke_sweep_end_to_end(tmp_path):
   assert len(results) == 4 and all(r["status"] == "finished" for r in results)
   for r in results:
     assert len(r["losses"]) == 40 and np.all(np.isfinite(r["losses"]))
-    assert r["data"]["sha256"] and r["versions"]["jax"] and r["spec"]["lr"] == 3e-3
+    assert r["data"]["sha256"] and r["versions"]["jax"] and r["config"]["lr"] == 3e-3
   report = (out / "report.md").read_text()
   assert "| pipedream | 1.00 |" in report and "| rotation |" in report
   assert len((out / "results.csv").read_text().strip().splitlines()) == 5
@@ -40,6 +40,9 @@ class _Progress:
   def reset(self, total):
     self.n = 0
 
+  def set_postfix(self, **kwargs):
+    pass
+
   def update(self, k):
     self.n += k
     if self.n >= self.stop_at:
@@ -47,8 +50,8 @@ class _Progress:
 
 
 def test_interrupt_and_resume_equals_uninterrupted(tmp_path):
-  spec = runs.RunSpec(method="rotation", stages=2, seed=0, lr=3e-3, steps=40, batch_size=4,
-                      model="cpu-tiny", chunk=10, eval_every=20, eval_batches=2, checkpoint_every=20)
+  spec = runs.RunConfig(method="rotation", stages=2, seed=0, lr=3e-3, steps=40, batch_size=4,
+                        model="cpu-tiny", chunk=10, eval_every=20, eval_batches=2, checkpoint_every=20)
   ds = data_lib.default_corpus(32)
   clean = runs.train(spec, ds, tmp_path / "clean")
   with pytest.raises(_Interrupt):
@@ -75,12 +78,66 @@ def test_diverged_run_is_recorded(tmp_path, monkeypatch):
     return pipe, state, graphdef, loss_fn
 
   monkeypatch.setattr(runs, "build", nan_after_first_chunk)
-  spec = runs.RunSpec(method="pipedream", stages=1, seed=0, lr=3e-3, steps=40, batch_size=4,
-                      model="cpu-tiny", chunk=10, eval_every=20, eval_batches=1, checkpoint_every=20)
+  spec = runs.RunConfig(method="pipedream", stages=1, seed=0, lr=3e-3, steps=40, batch_size=4,
+                        model="cpu-tiny", chunk=10, eval_every=20, eval_batches=1, checkpoint_every=20)
   result = runs.train(spec, data_lib.default_corpus(32), tmp_path / "d")
   assert result["status"] == "diverged" and result["steps_done"] == 20
   assert np.all(np.isfinite(result["losses"][:10])) and np.isnan(result["losses"][10])
   assert (tmp_path / "d" / "result.json").exists()  # recorded; a sweep moves on
+
+
+def test_other_data_never_reuses_a_run(tmp_path):
+  """Same --out, other data: new runs (not "cached"), and the report's losses are the new data's."""
+  text = tmp_path / "corpus.txt"
+  text.write_bytes(bytes(range(32, 127)) * 400)
+  argv = ["--preset", "smoke", "--methods", "pipedream", "--stages", "1", "--steps", "20",
+          "--out", str(tmp_path / "o")]
+  out = sweep.main(argv + ["--data", str(text)])
+  sweep.main(argv)
+  results = [json.loads(p.read_text()) for p in (out / "runs").glob("*/result.json")]
+  assert len(results) == 2 and len({r["data"]["sha256"] for r in results}) == 2
+  assert len({tuple(r["losses"]) for r in results}) == 2
+
+
+def test_two_sweeps_on_one_out_are_refused(tmp_path):
+  out = sweep.prepare_out(tmp_path / "busy")
+  with sweep.exclusive(out):
+    with pytest.raises(ValueError, match="another sweep is writing into"):
+      with sweep.exclusive(out):
+        pass
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+  (tmp_path / "file").write_text("")
+  cases = [
+      (["--out", str(tmp_path / "file")], "is a file, not a folder"),
+      (["--seeds", "0", "0"], "--seeds has duplicates"),
+      (["--seeds", "-1"], "--seeds must be >= 0"),
+      (["--vocab-size", "0", "--data", str(tmp_path / "t.bin")], "does not exist"),
+      (["--vocab-size", "300"], "--vocab-size 300 applies to .bin token files only"),
+      (["--data", str(tmp_path)], "is a folder"),
+      (["--lr", "fast"], "--lr 'fast': not a number"),
+      (["--lr", "sgd=1e-3"], "unknown method 'sgd'"),
+      (["--model", "huge"], "--model 'huge' is unknown"),
+      (["--refresh-every", "0"], "--refresh-every must be >= 1"),
+  ]
+  for argv, match in cases:
+    assert sweep.cli(["--preset", "smoke"] + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err and len(err.splitlines()) == 1, (argv, err)
+  bin_file = tmp_path / "t.bin"
+  np.arange(1000, dtype=np.uint16).tofile(bin_file)
+  assert sweep.cli(["--preset", "smoke", "--data", str(bin_file), "--vocab-size", "0"]) == 2
+  assert "must be in [1, 65536], got 0" in capsys.readouterr().err
+
+
+def test_overrides_reach_every_run_and_its_identity():
+  args = sweep.parse_args(["--preset", "smoke", "--lr", "1e-3", "rotation=2e-3", "--batch-size", "2",
+                           "--refresh-every", "5", "--warmup", "0.1", "--model", "cpu-tiny"])
+  plan = sweep.make_plan(args)
+  by = {c.method: c for c in plan.main}
+  assert by["pipedream"].lr == 1e-3 and by["rotation"].lr == 2e-3
+  assert all(c.batch_size == 2 and c.refresh_every == 5 and c.warmup_fraction == 0.1 for c in plan.main)
 
 
 @pytest.mark.parametrize("argv,match", [
@@ -111,5 +168,15 @@ def test_tune_lr_records_and_uses_the_choice(tmp_path):
   assert any(abs(chosen - g) < 1e-12 for g in grid) and len(tuning["trials"]["pipedream"]) == 3
   finals = {float(k): v for k, v in tuning["trials"]["pipedream"].items()}
   assert finals[chosen] == min(finals.values())
-  main = [json.loads(p.read_text()) for p in (out / "runs").glob("*/result.json") if "_tune" not in p.parent.name]
-  assert len(main) == 1 and main[0]["spec"]["lr"] == chosen
+  main = [json.loads(p.read_text()) for p in (out / "runs").glob("*/result.json")
+          if "_tune" not in p.parent.name]
+  assert len(main) == 1 and main[0]["config"]["lr"] == chosen
+
+
+def test_ctrl_c_is_one_line(monkeypatch, capsys):
+  def interrupted(argv=None):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(sweep, "main", interrupted)
+  assert sweep.cli([]) == 130
+  assert capsys.readouterr().err.strip() == "interrupted; run the same command again to resume"

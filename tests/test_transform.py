@@ -1,4 +1,4 @@
-"""rotation.transform against an independent NumPy transcription of SPEC section 2."""
+"""rotation.transform against an independent float64 NumPy transcription of docs/algorithms.md section 2."""
 
 import jax
 import jax.numpy as jnp
@@ -12,11 +12,13 @@ import rotation
 B1, B2, EPS, LR, WD = 0.9, 0.999, 1e-8, 1e-2, 0.01
 
 
-def reference(w0, grads, *, source, geometry, period, b1=B1, b2=B2, eps=EPS, lr=LR, wd=WD):
-  """SPEC section 2 in float64 NumPy, first moment kept in original coordinates."""
+def reference(w0, grads, *, source, geometry, period, b1=B1, b2=B2, eps=EPS, lr=LR, wd=WD,
+              first_order_step="paper"):
+  """The paper's algorithm (docs/algorithms.md) in float64 NumPy, first moment kept in original
+  coordinates; unilateral geometry rotates the input (left) side of a square Flax kernel."""
   w = np.array(w0, np.float64)
   m_dim, n_dim = w.shape
-  rot_l, rot_r = (True, True) if geometry == "bilateral" else (m_dim < n_dim, m_dim >= n_dim)
+  rot_l, rot_r = (True, True) if geometry == "bilateral" else (m_dim <= n_dim, m_dim > n_dim)
   ql, qr = np.eye(m_dim), np.eye(n_dim)
   stat_l, stat_r = np.zeros((m_dim, m_dim)), np.zeros((n_dim, n_dim))
   mom, nu = np.zeros_like(w), np.zeros_like(w)
@@ -56,6 +58,10 @@ def reference(w0, grads, *, source, geometry, period, b1=B1, b2=B2, eps=EPS, lr=
           qr, nu = qr[:, order], nu[:, order]
         if rot_l and rot_r:
           ql, qr = np.linalg.qr(look @ qr, mode="complete")[0], np.linalg.qr(look.T @ ql, mode="complete")[0]
+        elif first_order_step == "paper" and rot_l:  # qr of M's columns sorted by norm
+          ql = np.linalg.qr(look[:, np.argsort(-np.sum(look**2, 0), kind="stable")], mode="complete")[0]
+        elif first_order_step == "paper":  # qr of M's rows sorted by norm
+          qr = np.linalg.qr(look[np.argsort(-np.sum(look**2, 1), kind="stable")].T, mode="complete")[0]
         elif rot_l:
           ql = np.linalg.qr(look @ look.T @ ql, mode="complete")[0]
         else:
@@ -87,29 +93,51 @@ def run(tx, w0, grads):
   return np.stack(out), state
 
 
-def gradient_sequence(shape, steps, seed):
+def gradient_sequence(shape, steps, seed, zero_first=True):
   rng = np.random.default_rng(seed)
-  grads = [np.zeros(shape)]  # a zero first gradient must work (and makes the cold start exact)
   mix = rng.normal(size=(shape[0], shape[0]))
-  for _ in range(steps - 1):
-    grads.append(mix @ rng.normal(size=shape) * np.linspace(2.0, 0.5, shape[1]))
+  grads = [mix @ rng.normal(size=shape) * np.linspace(2.0, 0.5, shape[1]) for _ in range(steps)]
+  if zero_first:
+    grads[0] = np.zeros(shape)  # a zero first gradient must work
   return grads
 
 
-@pytest.mark.parametrize("source", ["second", "first"])
-@pytest.mark.parametrize("geometry,shape", [("bilateral", (6, 10)), ("unilateral", (6, 10)),
-                                            ("unilateral", (10, 6))])
-def test_matches_numpy_reference(source, geometry, shape):
+@pytest.mark.parametrize("source,geometry,shape,step", [
+    (source, geometry, shape, "paper") for source in ("second", "first")
+    for geometry, shape in (("bilateral", (6, 10)), ("unilateral", (6, 10)), ("unilateral", (10, 6)))
+] + [("first", "unilateral", shape, "power") for shape in ((6, 10), (10, 6))])
+def test_matches_numpy_reference(source, geometry, shape, step):
   grads = gradient_sequence(shape, 30, seed=hash((source, geometry, shape)) % 2**32)
   w0 = np.random.default_rng(1).normal(size=shape)
   period = 5  # refreshes at t = 1, 5, 10, ..., 30: one cold start and six warm ones
-  ours, _ = run(rotation.basis_rotation(LR, source=source, geometry=geometry, refresh_every=period),
-                w0, grads)
-  ref = reference(w0, grads, source=source, geometry=geometry, period=period)
+  ours, _ = run(rotation.basis_rotation(LR, source=source, geometry=geometry, refresh_every=period,
+                                        first_order_step=step), w0, grads)
+  ref = reference(w0, grads, source=source, geometry=geometry, period=period, first_order_step=step)
   np.testing.assert_allclose(ours, ref, atol=2e-5, rtol=1e-4)
   # The rotation is doing something: plain AdamW differs.
   adamw, _ = run(optax.adamw(LR, B1, B2, EPS, weight_decay=WD), w0, grads)
   assert np.abs(adamw - ref).max() > 1e-3
+
+
+@pytest.mark.parametrize("source", ["second", "first"])
+@pytest.mark.parametrize("geometry", ["bilateral", "unilateral"])
+def test_exact_first_step_on_square_matrices(source, geometry):
+  """A non-zero first gradient, eps = 1e-8, square 16 x 16: the float32 transform follows the
+  float64 algorithm over 20 steps with refreshes (float32 U^T G V at step 1 would not: its
+  off-diagonal round-off divided by sqrt(nu) + eps makes O(1) update entries)."""
+  shape = (16, 16)
+  grads = gradient_sequence(shape, 20, seed=7, zero_first=False)
+  w0 = np.random.default_rng(2).normal(size=shape)
+  tx = rotation.basis_rotation(LR, source=source, geometry=geometry, refresh_every=5)
+  ours, _ = run(tx, w0, grads)
+  ref = reference(w0, grads, source=source, geometry=geometry, period=5)
+  np.testing.assert_allclose(ours[0], ref[0], atol=1e-6)  # step 1 exactly the algorithm's
+  np.testing.assert_allclose(ours, ref, atol=5e-5, rtol=1e-4)
+  # Step 1 of the exact algorithm moves every entry by lr * (wd * w + sign-like term): bilateral
+  # only the diagonal of U^T (.) V is non-zero, so the update is U diag(+-1) V^T.
+  if geometry == "bilateral":
+    step = (w0 * (1 - LR * WD) - ref[0]) / LR
+    assert np.linalg.matrix_rank(step, tol=1e-6) == 16
 
 
 def test_signed_permutation_basis_equals_adam():
@@ -203,13 +231,14 @@ def test_leaf_rules_and_dtypes():
   tx = rotation.scale_by_basis_rotation(geometry="unilateral", max_precond_dim=16, mask=mask)
   state = tx.init(params)
   bases = rotation.leaf_bases(state, params)
-  shapes = {k: None if v is None else (v[0].shape, v[1].shape) for k, v in bases.items()}
-  assert shapes == {"scalar": None, "bias": None, "mat": ((3, 3), (0, 0)), "big": ((2, 2), (0, 0)),
-                    "conv": ((0, 0), (4, 4)), "masked": None}  # (2,3,4) is the matrix (6, 4)
+  shape = lambda q: None if q is None else q.shape
+  shapes = {k: None if v is None else (shape(v[0]), shape(v[1])) for k, v in bases.items()}
+  assert shapes == {"scalar": None, "bias": None, "mat": ((3, 3), None), "big": ((2, 2), None),
+                    "conv": (None, (4, 4)), "masked": None}  # (2,3,4) is the matrix (6, 4)
   grads = jax.tree.map(lambda x: jnp.ones_like(x), params)
   updates, state = jax.jit(tx.update)(grads, state)
   assert updates["conv"].dtype == jnp.bfloat16 and updates["mat"].dtype == jnp.float32
-  assert all(x.dtype == jnp.float32 for x in state.stat_right)
+  assert all(g.stat_right.dtype == jnp.float32 for g in state.groups if g.stat_right is not None)
   assert all(bool(jnp.all(jnp.isfinite(u.astype(jnp.float32)))) for u in jax.tree.leaves(updates))
 
 
@@ -230,9 +259,9 @@ def test_nonfinite_gradients():
   raw = rotation.scale_by_basis_rotation(refresh_every=2)
   state = raw.init(params)
   _, state = raw.update({"w": grads[1]}, state)
-  before = np.asarray(state.left[0])
+  before = np.asarray(state.groups[0].left)
   _, state = raw.update({"w": bad}, state)  # t = 2: a warm refresh
-  np.testing.assert_array_equal(state.left[0], before)
+  np.testing.assert_array_equal(state.groups[0].left, before)
 
 
 def _noisy_rotated_quadratic(a, b, curv, target):
@@ -330,9 +359,9 @@ def test_compositions_with_optax_and_no_recompilation():
 
 
 def test_flax_nnx_optimizer_on_transformer():
-  from experiments import model as M
-  cfg = M.CONFIGS["cpu-tiny"]
-  net = M.Transformer(cfg, nnx.Rngs(0))
+  from experiments import model as model_lib
+  cfg = model_lib.CONFIGS["cpu-tiny"]
+  net = model_lib.Transformer(cfg, nnx.Rngs(0))
   opt = nnx.Optimizer(net, rotation.basis_rotation(1e-2, refresh_every=2), wrt=nnx.Param)
   tokens = (jnp.arange(cfg.context + 1)[None, :] * 7 + jnp.arange(4)[:, None] * 3) % 13  # learnable
 
@@ -340,7 +369,7 @@ def test_flax_nnx_optimizer_on_transformer():
   def train_step(net, opt):
     def loss_fn(net):
       logits, _ = net(tokens[:, :-1])
-      return M.cross_entropy(logits, tokens[:, 1:])
+      return model_lib.cross_entropy(logits, tokens[:, 1:])
     loss, grads = nnx.value_and_grad(loss_fn)(net)
     opt.update(net, grads)
     return loss
@@ -365,3 +394,44 @@ def test_mask_structure_mismatch():
   tx = rotation.scale_by_basis_rotation(mask={"w": True})
   with pytest.raises(ValueError, match="mask does not match the parameters"):
     tx.init({"w": jnp.zeros((2, 2)), "v": jnp.zeros((2, 2))})
+
+
+@pytest.mark.parametrize("source", rotation.SOURCES)
+@pytest.mark.parametrize("geometry", rotation.GEOMETRIES)
+def test_state_round_trips_through_orbax(tmp_path, source, geometry):
+  """Every configuration's state (unrotated sides, no statistics, sides over max_precond_dim) is
+  saved and restored exactly by orbax's StandardCheckpointer."""
+  import orbax.checkpoint as ocp
+  params = {"a": jnp.ones((3, 8)), "b": jnp.ones((8, 3)), "bias": jnp.ones(4), "big": jnp.ones((2, 40))}
+  tx = rotation.basis_rotation(1e-2, source=source, geometry=geometry, max_precond_dim=16)
+  state = tx.init(params)
+  rng = np.random.default_rng(0)
+  grads = {k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in params.items()}
+  _, state = tx.update(grads, state, params)
+  ckpt = ocp.StandardCheckpointer()
+  ckpt.save(tmp_path / "state", state)
+  ckpt.wait_until_finished()
+  got = ckpt.restore(tmp_path / "state", jax.tree.map(ocp.utils.to_shape_dtype_struct, state))
+  assert jax.tree.structure(got) == jax.tree.structure(state)
+  jax.tree.map(np.testing.assert_array_equal, got, state)
+
+
+def test_extra_args_reach_only_inner_transformations_that_take_them():
+  """In a chain with reduce_on_plateau, update(..., value=loss) works (the default inner Adam
+  takes no extra arguments) and an inner transformation that takes them receives them."""
+  params = {"w": jnp.ones((4, 6))}
+  grads = {"w": jnp.full((4, 6), 0.1)}
+  tx = optax.chain(rotation.basis_rotation(1e-2), optax.contrib.reduce_on_plateau())
+  state = tx.init(params)
+  updates, state = jax.jit(tx.update)(grads, state, params, value=jnp.asarray(1.0))
+  assert np.all(np.isfinite(np.asarray(updates["w"])))
+  seen = []
+
+  def inner_update(updates, state, params=None, *, value):
+    seen.append(value)
+    return updates, state
+
+  inner = optax.GradientTransformationExtraArgs(lambda p: optax.EmptyState(), inner_update)
+  rot = rotation.scale_by_basis_rotation(inner)
+  rot.update(grads, rot.init(params), value=3.0)
+  assert seen == [3.0]

@@ -1,0 +1,61 @@
+"""The paper's ablations, one entry each: what it asks, which runs it needs, how it is reported.
+
+``runs(make, top)`` returns the runs of one seed, where ``make(method, P, **overrides)`` builds a
+run config from the sweep's preset (its learning rates, mode and template) and ``top`` is the
+sweep's largest P; ``section(ctx, name, results)`` renders the report lines (``experiments.report``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+from experiments import report
+from experiments.methods import BASELINES
+
+VARIANTS = ("rotation", "rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni")
+ALLOCATIONS = ("rotation", "rotation-sa", "rotation-sa-reverse")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ablation:
+  description: str
+  runs: Callable  # (make, top) -> list of RunConfigs
+  section: Callable  # (ctx, name, results) -> list of report lines
+
+
+ABLATIONS = {
+    "variants": Ablation(
+        "The 2 x 2 taxonomy (source x geometry) at P = 1 and the largest P.",
+        lambda make, top: [make(m, p) for m in VARIANTS for p in (1, top)],
+        functools.partial(report.study_section, with_main_baselines=True, show_baselines=False,
+                          bars=True)),
+    "stage-aware": Ablation(
+        "Uniform / proportional / reverse basis-refresh allocation at the largest P, equal budget.",
+        lambda make, top: [make(m, top) for m in ALLOCATIONS],
+        functools.partial(report.stage_aware_section, methods=ALLOCATIONS)),
+    "no-stashing": Ablation(
+        "Baselines and rotation without weight stashing at P = 1 and the largest P.",
+        lambda make, top: [make(m, p, mode="no_stashing") for m in BASELINES + ("rotation",)
+                           for p in (1, top)],
+        functools.partial(report.study_section, fewer=True)),
+    "refresh-period": Ablation(
+        "Rotation with refresh period 100 against 10, at P = 1 and the largest P.",
+        lambda make, top: [make(m, p) for m in ("rotation", "rotation-T100") for p in (1, top)],
+        functools.partial(report.study_section, with_main_baselines=True, bars=True)),
+    "moe": Ablation(
+        "The mixture-of-experts model (cpu-moe) at P = 1 and 8.",
+        lambda make, top: [make(m, p, model="cpu-moe") for m in BASELINES + ("rotation",) for p in (1, 8)],
+        functools.partial(report.study_section, fewer=True)),
+    "scaling": Ablation(
+        "Blocks and P grown together (P = blocks = 4, 8, 16) for PipeDream and rotation.",
+        lambda make, top: [make(m, b, num_blocks=b) for m in ("pipedream", "rotation") for b in (4, 8, 16)],
+        report.scaling_section),
+}
+
+
+def check_ablation(name: str) -> Ablation:
+  if name not in ABLATIONS:
+    raise ValueError(f"unknown ablation {name!r}; choose from {sorted(ABLATIONS)}")
+  return ABLATIONS[name]

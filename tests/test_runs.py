@@ -1,0 +1,68 @@
+"""One run's identity, damaged files and resumption (experiments/runs.py)."""
+
+import dataclasses
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from experiments import data as data_lib
+from experiments import runs
+
+CONFIG = runs.RunConfig(method="pipedream", stages=2, seed=0, lr=3e-3, steps=30, batch_size=4,
+                        model="cpu-tiny", chunk=10, eval_every=10, eval_batches=1, checkpoint_every=10)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+  return data_lib.default_corpus(32)
+
+
+def test_identity_names_every_setting_and_the_data(corpus):
+  name = runs.run_name(CONFIG, corpus.sha256, corpus.vocab_size)
+  assert name.startswith(CONFIG.name)
+  assert runs.run_name(CONFIG, "other-sha", corpus.vocab_size) != name
+  assert runs.run_name(CONFIG, corpus.sha256, 300) != name
+  for field, value in (("clip_norm", 0.5), ("weight_decay", 0.1), ("warmup_fraction", 0.05),
+                       ("moe_loss_weight", 0.0), ("refresh_every", 5), ("pipemare_fraction", 0.5)):
+    assert runs.run_name(dataclasses.replace(CONFIG, **{field: value}), corpus.sha256, 256) != name, field
+
+
+def test_a_folder_of_another_run_is_refused(tmp_path, corpus):
+  runs.check_identity(tmp_path, runs.identity(CONFIG, corpus.sha256, 256))
+  other = runs.identity(dataclasses.replace(CONFIG, lr=1e-3), "abc", 256)
+  with pytest.raises(ValueError, match="lr, data_sha256 differ"):
+    runs.check_identity(tmp_path, other)
+
+
+def test_damaged_files_fall_back_and_the_run_ends_as_if_uninterrupted(tmp_path, corpus):
+  clean = runs.train(CONFIG, corpus, tmp_path / "clean")
+  run_dir = tmp_path / "damaged"
+  runs.train(CONFIG, corpus, run_dir)
+  # Damage everything of a finished run: the result, and the newest checkpoint's array files.
+  (run_dir / "result.json").write_text('{"name": "trunc')
+  newest = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+  for f in (run_dir / "checkpoints" / str(newest)).rglob("*"):
+    if f.is_file() and f.stat().st_size > 0 and "metadata" not in f.name:
+      f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
+  with pytest.warns(UserWarning) as caught:
+    again = runs.train(CONFIG, corpus, run_dir)
+  messages = " ".join(str(w.message) for w in caught)
+  assert "result.json: damaged" in messages and f"checkpoints/{newest}" in messages
+  assert again["losses"] == clean["losses"] and again["status"] == "finished"
+  assert (run_dir / "result.damaged").exists()
+  log = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in log] == [10, 20, 30]  # resumed: no line twice
+  assert all(np.isfinite(r["loss"]) and r["lr"] > 0 for r in log)
+
+
+def test_metrics_are_written_while_training(tmp_path, corpus):
+  result = runs.train(CONFIG, corpus, tmp_path / "r")
+  log = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+  np.testing.assert_allclose([r["loss"] for r in log],
+                             np.asarray(result["losses"]).reshape(3, 10).mean(1), rtol=1e-6)
+  assert "val_loss" in log[0] and result["compile_seconds"] > 0
+  # The steady-state rate excludes the first (compiling) chunk.
+  assert result["steps_per_second"] > 20 / result["seconds"]
+  assert pathlib.Path(tmp_path / "r" / "identity.json").exists()
