@@ -17,13 +17,21 @@ def plots(directory: pathlib.Path, hvp_table, ckpt_rows) -> list[str]:
   import matplotlib.pyplot as plt
 
   directory.mkdir(parents=True, exist_ok=True)
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  for name in dict.fromkeys(r["method"] for r in hvp_table):
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+  styles = [("o", "-"), ("s", "--"), ("^", ":"), ("v", "-."), ("D", (0, (5, 1)))]
+  names = list(dict.fromkeys(r["method"] for r in hvp_table))
+  ns = sorted({r["n"] for r in hvp_table})
+  for name, (marker, line) in zip(names, styles * len(names)):
     rows = [r for r in hvp_table if r["method"] == name]
-    axes[0].loglog([r["n"] for r in rows], [r["flops"] for r in rows], marker="o", label=name)
-    axes[1].loglog([r["n"] for r in rows], [r["seconds"] for r in rows], marker="o", label=name)
-  axes[0].set(xlabel="input size n", ylabel="XLA FLOPs", title="cost vs n on an MLP loss")
-  axes[1].set(xlabel="input size n", ylabel="wall time (s)", title="time vs n")
+    for ax, key in ((axes[0], "flops"), (axes[1], "seconds")):  # equal values stay visible
+      ax.loglog([r["n"] for r in rows], [r[key] for r in rows], marker=marker, linestyle=line,
+                markerfacecolor="none", label=name)
+  for ax, ylabel, title in ((axes[0], "XLA FLOPs", "cost vs n on an MLP loss"),
+                            (axes[1], "wall time (s)", "time vs n")):
+    ax.set(xlabel="input size n", ylabel=ylabel, title=title)
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.minorticks_off()
+    ax.tick_params(axis="x", labelrotation=45)
   axes[0].legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(directory / "cost_vs_n.png", dpi=110)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,12 +29,15 @@ def check(topic, claim, seed, measured, passed) -> Claim:
   return Claim(topic, claim, str(seed), str(measured), bool(passed))
 
 
-def text(claims) -> str:
-  width = max(len(c.claim) for c in claims)
+def text(claims, width: int = 100) -> str:
+  """One block per claim, no line wider than ``width``."""
   lines = []
   for c in claims:
-    lines.append(f"[{'PASS' if c.passed else 'FAIL'}] {c.topic:<14} {c.claim:<{width}}  "
-                 f"seed: {c.seed}  |  measured: {c.measured}")
+    lines += textwrap.wrap(f"[{'PASS' if c.passed else 'FAIL'}] {c.topic}: {c.claim}", width,
+                           subsequent_indent="       ")
+    lines += textwrap.wrap(f"seed: {c.seed}", width, initial_indent="       ", subsequent_indent="         ")
+    lines += textwrap.wrap(f"measured: {c.measured}", width, initial_indent="       ",
+                           subsequent_indent="         ")
   lines.append(f"{sum(c.passed for c in claims)} passed, {sum(not c.passed for c in claims)} failed")
   return "\n".join(lines)
 

@@ -342,6 +342,28 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None) -> dict:
   return result
 
 
+def estimate(config: RunConfig, ds: Dataset) -> dict:
+  """What one run will cost, without training it: XLA's FLOPs per step and memory of the compiled
+  chunk, and a time estimate from one timed chunk after compilation."""
+  pipe, state, _, _ = build(config, ds)
+  context = config.model_config(ds.vocab_size).context
+  batches = ds.batches(config.seed, 0, config.chunk, config.batch_size, context)
+  t0 = time.perf_counter()
+  compiled = pipe.run.lower(state, batches).compile()
+  compile_seconds = time.perf_counter() - t0
+  analysis = compiled.cost_analysis()  # a scan's body is counted once: FLOPs of one step
+  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+  memory = compiled.memory_analysis()
+  nbytes = lambda name: int(getattr(memory, name, 0) or 0) if memory is not None else 0
+  t0 = time.perf_counter()
+  jax.block_until_ready(compiled(state, batches))
+  rate = config.chunk / (time.perf_counter() - t0)
+  return {"flops_per_step": float(analysis.get("flops", 0.0)),
+          "memory_bytes": nbytes("argument_size_in_bytes") + nbytes("temp_size_in_bytes"),
+          "compile_seconds": compile_seconds, "steps_per_second": rate,
+          "estimated_seconds": compile_seconds + config.steps / rate}
+
+
 def _truncate_log(log: pathlib.Path, step: int) -> None:
   """Drops lines past ``step`` (written after the checkpoint a run resumes from)."""
   if not log.exists():

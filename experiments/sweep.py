@@ -60,6 +60,9 @@ def parse_args(argv=None):
   parser.add_argument("--ablations", nargs="*", help="ablation groups (default: the preset's): "
                       + "; ".join(f"{k}: {v.description}" for k, v in ablations_lib.ABLATIONS.items()))
   parser.add_argument("--out", help="results folder (default results/<preset>)")
+  parser.add_argument("--dry-run", action="store_true", help="print the plan (every run, cached or "
+                      "not) with each unfinished run's compiled FLOPs per step, memory and estimated "
+                      "time from one timed chunk; trains nothing")
   parser.add_argument("--tune-lr", action="store_true", help="choose each method's peak learning "
                       "rate from the preset's grid with short runs at P = 1 (choice recorded)")
   return parser.parse_args(argv)
@@ -213,6 +216,26 @@ def exclusive(out: pathlib.Path):
     yield
 
 
+def dry_run(plan: Plan, ds, out: pathlib.Path) -> list:
+  """Prints the plan and the estimated cost of every unfinished run; returns the rows."""
+  rows, total = [], 0.0
+  print(f"{'group':<14} {'run':<64} {'state':<8} {'GFLOP/step':>10} {'MiB':>8} {'est. s':>8}")
+  for group, c in [("main", c) for c in plan.main] + list(plan.ablations):
+    run_dir = out / "runs" / runs.run_name(c, ds.sha256, ds.vocab_size)
+    done = (run_dir / "result.json").exists()
+    row = {"group": group, "run": run_dir.name, "cached": done}
+    if not done:
+      row.update(runs.estimate(c, ds))
+      total += row["estimated_seconds"]
+    rows.append(row)
+    cost = ("" if done else f"{row['flops_per_step'] / 1e9:>10.3f} {row['memory_bytes'] / 2**20:>8.1f} "
+            f"{row['estimated_seconds']:>8.0f}")
+    print(f"{group:<14} {c.name:<64} {'cached' if done else 'to run':<8} {cost}")
+  print(f"{len(rows)} runs, {sum(not r['cached'] for r in rows)} to run, estimated {total / 60:.1f} min "
+        "(compilation included; measured on this machine now)")
+  return rows
+
+
 def deviations(preset, ds) -> list:
   """How this preset's runs differ from the paper's setup (listed in the report)."""
   t = preset.template
@@ -242,7 +265,11 @@ def main(argv=None) -> pathlib.Path:
   contexts = {c.model_config(256).context for c in plan.main} | {
       c.model_config(256).context for _, c in plan.ablations}
   ds = data_lib.load(args.data, context=max(contexts), vocab_size=args.vocab_size)
-  out = prepare_out(pathlib.Path(args.out or f"results/{preset.name}"))
+  out = pathlib.Path(args.out or f"results/{preset.name}")
+  if args.dry_run:
+    dry_run(plan, ds, out)
+    return out
+  out = prepare_out(out)
   with exclusive(out):
     print(f"sweep '{preset.name}': {len(plan.main) + len(plan.ablations)} runs -> {out.resolve()}")
     print(f"data: {ds.name} ({ds.num_tokens} tokens, vocabulary {ds.vocab_size}, "

@@ -106,5 +106,17 @@ def test_checkpointing_memory_and_compute():
 def test_report_rendering():
   claims = [report.check("t", "a | b", "1", "1", True), report.check("t", "c", "2", "3", False)]
   assert "1 passed, 1 failed" in report.text(claims)
+  long = [report.check("topic", "a claim " * 20, "seed " * 30, "measured " * 25, True)]
+  lines = report.text(long).splitlines()
+  assert max(map(len, lines)) <= 100 and "".join(lines).count("measured") == 26
   md = report.markdown(claims)
   assert "a \\| b" in md and md.count("PASS") == 1 and md.count("FAIL") == 1
+
+
+def test_figures_are_written(tmp_path):
+  from autodiff_demos.__main__ import plots
+  table = [{"method": m, "n": n, "flops": 10.0 * n, "seconds": 1e-3 * n}
+           for m in ("jacfwd(grad)", "jacrev(grad)") for n in (64, 128, 256, 512, 1024)]
+  ckpt = [{"depth": d, "plain_bytes": 100 * d, "ckpt_bytes": 100 * d**0.5} for d in (16, 64, 144)]
+  assert plots(tmp_path, table, ckpt) == ["cost_vs_n.png", "memory_vs_depth.png"]
+  assert all((tmp_path / f).stat().st_size > 0 for f in ("cost_vs_n.png", "memory_vs_depth.png"))

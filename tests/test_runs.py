@@ -2,7 +2,7 @@
 
 import dataclasses
 import json
-import pathlib
+import shutil
 
 import numpy as np
 import pytest
@@ -17,6 +17,13 @@ CONFIG = runs.RunConfig(method="pipedream", stages=2, seed=0, lr=3e-3, steps=30,
 @pytest.fixture(scope="module")
 def corpus():
   return data_lib.default_corpus(32)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus):
+  """One finished run, shared (its folder is copied before anything damages it)."""
+  run_dir = tmp_path_factory.mktemp("runs") / "clean"
+  return run_dir, runs.train(CONFIG, corpus, run_dir)
 
 
 def test_identity_names_every_setting_and_the_data(corpus):
@@ -36,10 +43,10 @@ def test_a_folder_of_another_run_is_refused(tmp_path, corpus):
     runs.check_identity(tmp_path, other)
 
 
-def test_damaged_files_fall_back_and_the_run_ends_as_if_uninterrupted(tmp_path, corpus):
-  clean = runs.train(CONFIG, corpus, tmp_path / "clean")
+def test_damaged_files_fall_back_and_the_run_ends_as_if_uninterrupted(tmp_path, corpus, trained):
+  clean_dir, clean = trained
   run_dir = tmp_path / "damaged"
-  runs.train(CONFIG, corpus, run_dir)
+  shutil.copytree(clean_dir, run_dir)
   # Damage everything of a finished run: the result, and the newest checkpoint's array files.
   (run_dir / "result.json").write_text('{"name": "trunc')
   newest = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
@@ -57,12 +64,12 @@ def test_damaged_files_fall_back_and_the_run_ends_as_if_uninterrupted(tmp_path, 
   assert all(np.isfinite(r["loss"]) and r["lr"] > 0 for r in log)
 
 
-def test_metrics_are_written_while_training(tmp_path, corpus):
-  result = runs.train(CONFIG, corpus, tmp_path / "r")
-  log = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+def test_metrics_are_written_while_training(trained):
+  run_dir, result = trained
+  log = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
   np.testing.assert_allclose([r["loss"] for r in log],
                              np.asarray(result["losses"]).reshape(3, 10).mean(1), rtol=1e-6)
   assert "val_loss" in log[0] and result["compile_seconds"] > 0
   # The steady-state rate excludes the first (compiling) chunk.
   assert result["steps_per_second"] > 20 / result["seconds"]
-  assert pathlib.Path(tmp_path / "r" / "identity.json").exists()
+  assert (run_dir / "identity.json").exists()

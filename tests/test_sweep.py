@@ -180,3 +180,11 @@ def test_ctrl_c_is_one_line(monkeypatch, capsys):
   monkeypatch.setattr(sweep, "main", interrupted)
   assert sweep.cli([]) == 130
   assert capsys.readouterr().err.strip() == "interrupted; run the same command again to resume"
+
+
+def test_dry_run_plans_and_estimates_without_training(tmp_path, capsys):
+  out = sweep.main(["--preset", "smoke", "--methods", "pipedream", "--stages", "1", "--dry-run",
+                    "--out", str(tmp_path / "d")])
+  printed = capsys.readouterr().out
+  assert "1 runs, 1 to run, estimated" in printed and "GFLOP/step" in printed
+  assert not out.exists()  # nothing trained, nothing written
