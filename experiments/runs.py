@@ -6,7 +6,8 @@ config, the data's sha256 and the vocabulary), and holds ``identity.json`` from 
 a sweep skips such runs. Until then an Orbax checkpoint of the whole pipeline state and the loss
 history is saved every ``checkpoint_every`` steps; a restarted run resumes from it and, since
 batches are a pure function of (seed, step) and chunks are the same, ends with exactly the numbers
-of an uninterrupted run. ``metrics.jsonl`` gets one line per chunk while the run trains.
+of an uninterrupted run. ``metrics.jsonl`` gets one line per step (step, loss, learning rate,
+gradient norm, seconds) while the run trains.
 """
 
 from __future__ import annotations
@@ -192,7 +193,8 @@ def build(config: RunConfig, ds: Dataset):
     w = config.moe_loss_weight
     staged = ps.Staged(model_lib.stage_functions(cfg, config.stages),
                        loss_of=lambda out, batch: model_lib.cross_entropy(out[0], batch[1]) + w * out[1])
-  pipe = ps.Pipeline(loss_fn, methods.stage_optimizers(config), labels, mode=config.mode, staged=staged)
+  pipe = ps.Pipeline(loss_fn, methods.stage_optimizers(config), labels, mode=config.mode, staged=staged,
+                     grad_norms=True)
   return pipe, pipe.init(params), graphdef, loss_fn
 
 
@@ -292,7 +294,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None) -> dict:
   while step < config.steps:
     batches = ds.batches(config.seed, step, config.chunk, config.batch_size, context)
     t0 = time.perf_counter()
-    state, chunk_losses = pipe.run(state, batches)
+    state, (chunk_losses, grad_norms) = pipe.run(state, batches)
     chunk_losses = np.asarray(chunk_losses)
     elapsed = time.perf_counter() - t0
     timing["seconds"] += elapsed
@@ -307,14 +309,16 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None) -> dict:
     finite = bool(np.all(np.isfinite(chunk_losses)))
     if finite and step % config.eval_every == 0:
       val_losses[step // config.eval_every] = float(evaluate(state.params))
-    record = {"step": step, "loss": float(np.mean(chunk_losses)), "lr": float(lr_at(step - 1)),
-              "seconds": elapsed, "steps_per_second": config.chunk / elapsed}
+    lrs = np.asarray(lr_at(np.arange(step - config.chunk, step)))
+    records = [{"step": step - config.chunk + j + 1, "loss": float(chunk_losses[j]), "lr": float(lrs[j]),
+                "grad_norm": float(grad_norms[j]), "seconds": elapsed / config.chunk}
+               for j in range(config.chunk)]
     if step % config.eval_every == 0:
-      record["val_loss"] = float(val_losses[step // config.eval_every])
+      records[-1]["val_loss"] = float(val_losses[step // config.eval_every])
     with open(log, "a") as f:
-      f.write(json.dumps(record) + "\n")
+      f.writelines(json.dumps(r) + "\n" for r in records)
     if progress is not None:
-      progress.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
+      progress.set_postfix(loss=f"{np.mean(chunk_losses):.3f}", refresh=False)
       progress.update(config.chunk)
     if not finite:
       status = "diverged"

@@ -52,12 +52,14 @@ class Pipeline:
       stages P is ``max(labels) + 1`` and every stage must own at least one leaf.
     mode: one of ``MODES``.
     staged: the model as P stage functions (required for ``"no_stashing"``).
+    grad_norms: if true, ``run`` returns ``(state, (losses, grad_norms))``: also the global norm of
+      each step's freshly computed gradient (all stages, before any clipping).
   """
 
   def __init__(self, loss_fn: Callable | None,
                optimizer: optax.GradientTransformation | Sequence[optax.GradientTransformation],
                labels, mode: str = "weight_stashing",
-               staged: Staged | None = None):
+               staged: Staged | None = None, grad_norms: bool = False):
     if mode not in MODES:
       raise ValueError(f"unknown pipeline mode {mode!r}; choose from {MODES}")
     num_stages = num_stages_of(labels)
@@ -77,7 +79,7 @@ class Pipeline:
     else:
       self.optimizers = tuple(optimizer)
     self.loss_fn, self.labels, self.num_stages = loss_fn, labels, num_stages
-    self.mode, self.staged = mode, staged
+    self.mode, self.staged, self.grad_norms = mode, staged, grad_norms
     self.run = jax.jit(self._run, donate_argnums=0)
 
   def _split(self, tree):
@@ -101,14 +103,16 @@ class Pipeline:
     return optax.apply_updates(params, updates), opt_state
 
   def step(self, state: PipelineState, batch):
-    """One micro-batch: returns the new state and the loss the pipeline observed."""
+    """One micro-batch: returns the new state and the loss the pipeline observed (with
+    ``grad_norms``: ``(loss, global gradient norm)``)."""
     i = state.step
     parts = self._split(state.params)
     slots = [(i + 1) % (tau + 1) for tau in self.delays]  # W(i - tau) and g(i - tau) live here
     new_parts, new_opt, new_buffers = [], [], []
     if self.mode == "stale_gradients":
       loss, grads = jax.value_and_grad(self.loss_fn)(state.params, batch)
-      for k, (g, tau) in enumerate(zip(self._split(grads), self.delays)):
+      grad_parts = self._split(grads)
+      for k, (g, tau) in enumerate(zip(grad_parts, self.delays)):
         fifo = rb.ring_write(state.buffers[k], i % (tau + 1), g)
         stale = rb.ring_read(fifo, slots[k])
         update = functools.partial(self._apply, k, stale)
@@ -129,7 +133,8 @@ class Pipeline:
         new_parts.append(p), new_opt.append(s)
         new_buffers.append(rb.ring_write(state.buffers[k], slots[k], p))  # W(i + 1)
     params = merge_stages(new_parts, self.labels)
-    return PipelineState(i + 1, params, tuple(new_opt), tuple(new_buffers)), loss
+    new_state = PipelineState(i + 1, params, tuple(new_opt), tuple(new_buffers))
+    return new_state, ((loss, optax.global_norm(grad_parts)) if self.grad_norms else loss)
 
   def _run(self, state: PipelineState, batches):
     return jax.lax.scan(self.step, state, batches)

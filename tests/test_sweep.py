@@ -71,8 +71,8 @@ def test_diverged_run_is_recorded(tmp_path, monkeypatch):
 
     def poisoned(state, batches):
       calls.append(1)
-      state, losses = run(state, batches)
-      return state, losses * (np.nan if len(calls) > 1 else 1.0)
+      state, (losses, norms) = run(state, batches)
+      return state, (losses * (np.nan if len(calls) > 1 else 1.0), norms)
 
     pipe.run = poisoned
     return pipe, state, graphdef, loss_fn
