@@ -12,6 +12,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 import rotation
@@ -79,6 +80,34 @@ def bench_train_step(cfg, refresh_every, steps, batch_size):
   return out
 
 
+def step_spikes(cfg, refresh_every, batch_size, periods=4):
+  """Max / mean per-step time of the whole training step over whole refresh periods, for the
+  paper's schedule (every matrix refreshes at t % T == 0) and for staggered refreshes."""
+  graphdef, params = model_lib.init(cfg)
+  loss_fn = model_lib.make_loss(graphdef)
+  ds = data_lib.default_corpus(cfg.context)
+  batch = tuple(jnp.asarray(x) for x in ds.batch(0, 0, batch_size, cfg.context))
+  out = {}
+  for stagger in (False, True):
+    tx = rotation.basis_rotation(1e-3, refresh_every=refresh_every, mask=model_lib.rotation_mask,
+                                 stagger=stagger)
+
+    def step(p, s, tx=tx):
+      u, s = tx.update(jax.grad(loss_fn)(p, batch), s, p)
+      return optax.apply_updates(p, u), s
+
+    run = jax.jit(step, donate_argnums=(0, 1))
+    carry = run(jax.tree.map(jnp.copy, params), tx.init(params))  # t = 1 (cold start) and compile
+    times = []
+    for _ in range(refresh_every * periods + refresh_every - 1):
+      t0 = time.perf_counter()
+      carry = jax.block_until_ready(run(*carry))
+      times.append(time.perf_counter() - t0)
+    times = np.asarray(times[refresh_every - 1:])  # whole periods after warming up
+    out[stagger] = float(times.max() / times.mean())
+  return out
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m experiments.bench_optimizer", description=__doc__)
   parser.add_argument("--refresh-every", type=int, default=10)
@@ -93,6 +122,9 @@ def main(argv=None):
     print(f"cpu-deep whole training step, batch {batch}: rotation / adamw = "
           f"{train['rotation'] / train['adamw']:.2f}x (without warm refreshes "
           f"{train['rotation, no warm refresh'] / train['adamw']:.2f}x)")
+  spikes = step_spikes(cfg, args.refresh_every, batch_size=16)
+  print(f"cpu-deep whole training step, batch 16, max / mean step time: paper's schedule "
+        f"{spikes[False]:.2f}, staggered refreshes {spikes[True]:.2f}")
   cases = [("cpu-deep", model_lib.init(cfg)[1], args.steps, 3)]
   if not args.skip_95m:  # one refresh period, once: a 95M warm refresh takes tens of seconds on a CPU
     cases.append(("paper-95m", model_lib.init(model_lib.CONFIGS["paper-95m"])[1], args.refresh_every, 1))

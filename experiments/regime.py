@@ -174,17 +174,5 @@ def write(out, preset, args, record, lengths, factors):
   (out / "regime.json").write_text(json.dumps(record, indent=1, default=float))
 
 
-def cli(argv=None) -> int:
-  try:
-    main(argv)
-  except KeyboardInterrupt:
-    print("\ninterrupted; run the same command again to resume", file=sys.stderr)
-    return 130
-  except (ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  return 0
-
-
 if __name__ == "__main__":
-  sys.exit(cli())
+  sys.exit(sweep.cli(entry=main))

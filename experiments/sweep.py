@@ -293,14 +293,14 @@ def main(argv=None) -> pathlib.Path:
   return out
 
 
-def cli(argv=None) -> int:
-  """``main`` with one-line errors and a one-line Ctrl-C message."""
+def cli(argv=None, entry=None) -> int:
+  """``entry(argv)`` (default ``main``) with one-line errors and a one-line Ctrl-C message."""
   try:
-    main(argv)
+    (entry or main)(argv)
   except KeyboardInterrupt:
     print("\ninterrupted; run the same command again to resume", file=sys.stderr)
     return 130
-  except (ValueError, FileNotFoundError, runs.DamagedFileError) as e:
+  except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   return 0

@@ -143,6 +143,7 @@ class _GroupPlan(NamedTuple):
   left: bool  # left side rotated
   right: bool  # right side rotated
   period: int  # refresh period
+  offset: int  # warm refreshes at steps t > 1 with (t - offset) % period == 0
 
 
 class _Plan(NamedTuple):
@@ -154,15 +155,18 @@ class _Plan(NamedTuple):
   groups: tuple  # one _GroupPlan per group
 
 
-def _plan(tree, mask, geometry, max_dim, refresh_every) -> _Plan:
+def _plan(tree, mask, geometry, max_dim, refresh_every, stagger=False) -> _Plan:
   leaves, treedef = jax.tree.flatten(tree)
   selected = jax.tree.leaves(_mask_tree(mask, tree))
   periods = jax.tree.leaves(_periods(refresh_every, tree))
+  sides = [_rotated_sides(jnp.shape(x), bool(sel), geometry, max_dim) for x, sel in zip(leaves, selected)]
+  rotated = [i for i, (left, right) in enumerate(sides) if left or right]
   plain, groups = [], {}
-  for i, (leaf, sel, period) in enumerate(zip(leaves, selected, periods)):
-    left, right = _rotated_sides(jnp.shape(leaf), bool(sel), geometry, max_dim)
+  for i, (leaf, (left, right), period) in enumerate(zip(leaves, sides, periods)):
     if left or right:
-      key = (_matrix_shape(jnp.shape(leaf)), left, right, period)
+      # Staggered: the r-th of the n rotated matrices refreshes at offset r * period // n.
+      offset = rotated.index(i) * period // len(rotated) if stagger else 0
+      key = (_matrix_shape(jnp.shape(leaf)), left, right, period, offset)
       groups.setdefault(key, []).append(i)
     else:
       plain.append(i)
@@ -211,6 +215,7 @@ def scale_by_basis_rotation(
     max_precond_dim: int = DEFAULT_MAX_PRECOND_DIM,
     mask: None | Any | Callable[[Any], Any] = None,
     first_order_step: str = "paper",
+    stagger: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """Runs ``inner`` in a rotated (Kronecker-factored) eigenbasis of every selected matrix.
 
@@ -256,6 +261,10 @@ def scale_by_basis_rotation(
       the right side), the other side held at the identity; it discards the old basis.
       ``"power"``: a true power step ``Q <- qr(M M^T Q).Q`` (left; ``M^T M`` for the right side)
       from the sorted old basis, which tracks the eigenbasis better.
+    stagger: spread the warm refreshes of the rotated matrices evenly over the period (the r-th of
+      n matrices at steps ``t`` with ``(t - r * T // n) % T == 0``), so that no step pays every
+      refresh at once; each matrix still refreshes once every ``T`` steps. Matrices with different
+      offsets are not batched together. Default: the paper's schedule (all at ``t % T == 0``).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is ``BasisRotationState``.
@@ -281,7 +290,7 @@ def scale_by_basis_rotation(
   second = source == "second"
 
   def plan_of(tree):
-    return _plan(tree, mask, geometry, max_precond_dim, refresh_every)
+    return _plan(tree, mask, geometry, max_precond_dim, refresh_every, stagger)
 
   def inner_tree(plan, leaves):
     """The rotated space: (unrotated leaves, one (k, m, n) stack per group), float32."""
@@ -371,7 +380,8 @@ def scale_by_basis_rotation(
     sl, sr = jax.vmap(statistics)(g, group.stat_left, group.stat_right)
     args = (g, group.left, group.right, sl, sr, mu, nu)
     keep = lambda a: (a[1], a[2], a[5], a[6], jax.vmap(_rotate_in)(a[0], a[1], a[2]))
-    branch = jnp.where(count == 1, 1, jnp.where(count % plan_g.period == 0, 2, 0))
+    warm_now = (count > 1) & ((count - plan_g.offset) % plan_g.period == 0)
+    branch = jnp.where(count == 1, 1, jnp.where(warm_now, 2, 0))
     ql, qr, mu, nu, g_rot = jax.lax.switch(
         branch, [keep, lambda a: jax.lax.map(cold, a), lambda a: jax.lax.map(warm, a)], args)
     return g_rot, group._replace(left=ql, right=qr, stat_left=sl, stat_right=sr), mu, nu
@@ -424,6 +434,7 @@ def basis_rotation(
     mask: None | Any | Callable[[Any], Any] = None,
     weight_decay_mask: None | Any | Callable[[Any], Any] = None,
     first_order_step: str = "paper",
+    stagger: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW in a rotated eigenbasis: the paper's optimizer as an optax alias.
 
@@ -445,6 +456,8 @@ def basis_rotation(
     mask: which leaves to rotate (see ``scale_by_basis_rotation``).
     weight_decay_mask: passed to ``optax.add_decayed_weights`` (default: all leaves).
     first_order_step: ``"paper"`` or ``"power"``; see ``scale_by_basis_rotation``.
+    stagger: spread the refreshes of different matrices over the period; see
+      ``scale_by_basis_rotation``.
 
   Returns:
     The chained ``optax.GradientTransformationExtraArgs``.
@@ -453,7 +466,7 @@ def basis_rotation(
       scale_by_basis_rotation(source=source, geometry=geometry, refresh_every=refresh_every,
                               b1=b1, b2=b2, eps=eps, shampoo_beta=shampoo_beta,
                               max_precond_dim=max_precond_dim, mask=mask,
-                              first_order_step=first_order_step),
+                              first_order_step=first_order_step, stagger=stagger),
       optax.add_decayed_weights(weight_decay, weight_decay_mask),
       optax.scale_by_learning_rate(learning_rate),
   )

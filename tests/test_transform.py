@@ -435,3 +435,32 @@ def test_extra_args_reach_only_inner_transformations_that_take_them():
   rot = rotation.scale_by_basis_rotation(inner)
   rot.update(grads, rot.init(params), value=3.0)
   assert seen == [3.0]
+
+
+def test_stagger_spreads_refreshes_and_keeps_each_matrix_count():
+  """Four same-shape matrices, period 4: by default all refresh at t % 4 == 0; staggered, one per
+  step, and over whole periods each matrix refreshes exactly as often as without staggering."""
+  params = {f"w{r}": jnp.zeros((3, 5)) for r in range(4)}
+  rng = np.random.default_rng(0)
+  grads = [{k: jnp.asarray(rng.normal(size=(3, 5)), jnp.float32) for k in params} for _ in range(13)]
+
+  def refresh_steps(stagger):
+    tx = rotation.scale_by_basis_rotation(refresh_every=4, stagger=stagger)
+    state, update = tx.init(params), jax.jit(tx.update)
+    seen = {k: [] for k in params}
+    prev = rotation.leaf_bases(state, params)
+    for t, g in enumerate(grads, start=1):
+      _, state = update(g, state)
+      bases = rotation.leaf_bases(state, params)
+      for k in params:
+        if not np.array_equal(np.asarray(bases[k][0]), np.asarray(prev[k][0])):
+          seen[k].append(t)
+      prev = bases
+    return seen
+
+  plain, staggered = refresh_steps(False), refresh_steps(True)
+  assert all(v == [1, 4, 8, 12] for v in plain.values())
+  warm = {k: [t for t in v if t > 1] for k, v in staggered.items()}
+  assert sorted(tuple(v) for v in warm.values()) == [(2, 6, 10), (3, 7, 11), (4, 8, 12), (5, 9, 13)]
+  per_step = [sum(t in v for v in warm.values()) for t in range(2, 14)]
+  assert max(per_step) == 1  # never more than one matrix refreshes in a step
