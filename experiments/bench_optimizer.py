@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+import pipeline_sim as ps
 import rotation
 from experiments import data as data_lib
 from experiments import model as model_lib
@@ -108,6 +109,24 @@ def step_spikes(cfg, refresh_every, batch_size, periods=4):
   return out
 
 
+def tree_bytes(tree) -> int:
+  return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def memory_report(model: str = "paper-95m", num_stages: int = 32) -> dict:
+  """Optimizer-state and pipeline-buffer bytes, from shapes alone (``jax.eval_shape``)."""
+  cfg = model_lib.CONFIGS[model]
+  params = model_lib.abstract_params(cfg)
+  out = {"params": tree_bytes(params)}
+  for name, tx in optimizers(10).items():
+    if name != "rotation, no warm refresh":
+      out[name] = tree_bytes(jax.eval_shape(tx.init, params))
+  pipe = ps.Pipeline(lambda p, b: 0.0, optax.adamw(1e-3),
+                     model_lib.stage_labels(params, num_stages))
+  out[f"buffers P={num_stages}"] = tree_bytes(jax.eval_shape(pipe.init, params).buffers)
+  return out
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m experiments.bench_optimizer", description=__doc__)
   parser.add_argument("--refresh-every", type=int, default=10)
@@ -122,6 +141,12 @@ def main(argv=None):
     print(f"cpu-deep whole training step, batch {batch}: rotation / adamw = "
           f"{train['rotation'] / train['adamw']:.2f}x (without warm refreshes "
           f"{train['rotation, no warm refresh'] / train['adamw']:.2f}x)")
+  mem = memory_report()
+  gib = lambda b: f"{b / 2**30:.2f} GiB"
+  print(f"paper-95m memory (eval_shape, nothing allocated): params {gib(mem['params'])}; optimizer "
+        f"state: adamw {gib(mem['adamw'])}, rotation {gib(mem['rotation'])} "
+        f"({mem['rotation'] / mem['adamw']:.2f}x); weight-stashing buffers at P=32 "
+        f"{gib(mem['buffers P=32'])} ({mem['buffers P=32'] / mem['params']:.1f}x params)")
   spikes = step_spikes(cfg, args.refresh_every, batch_size=16)
   print(f"cpu-deep whole training step, batch 16, max / mean step time: paper's schedule "
         f"{spikes[False]:.2f}, staggered refreshes {spikes[True]:.2f}")

@@ -1,0 +1,26 @@
+"""The benchmark's memory report against closed-form byte counts (shapes only, nothing trained)."""
+
+import jax
+
+import pipeline_sim as ps
+from experiments import bench_optimizer
+from experiments import model as model_lib
+
+
+def test_memory_report_matches_closed_form():
+  cfg = model_lib.CONFIGS["cpu-tiny"]
+  params = model_lib.abstract_params(cfg)
+  mem = bench_optimizer.memory_report("cpu-tiny", num_stages=4)
+  n = sum(x.size for x in jax.tree.leaves(params))
+  assert mem["params"] == 4 * n
+  assert 8 * n <= mem["adamw"] <= 8 * n + 64  # two float32 moments (+ step counters)
+  labels = jax.tree.leaves(model_lib.stage_labels(params, 4))
+  sizes = [x.size for x in jax.tree.leaves(params)]
+  delays = ps.stage_delays(4)
+  assert mem["buffers P=4"] == 4 * sum((delays[k] + 1) * s for k, s in zip(labels, sizes))
+  # Rotation adds, per rotated kernel (m x n), two bases and two statistics in float32 and an
+  # int32 member index.
+  mask = jax.tree.leaves(model_lib.rotation_mask(params))
+  extra = sum(8 * (x.shape[0] ** 2 + x.shape[1] ** 2) + 4
+              for x, rotated in zip(jax.tree.leaves(params), mask) if rotated)
+  assert extra > 0 and 8 * n + extra <= mem["rotation"] <= 8 * n + extra + 64
