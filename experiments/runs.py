@@ -247,14 +247,19 @@ def check_identity(run_dir: pathlib.Path, ident: dict) -> None:
                      "use another --out or remove that folder")
 
 
-def train(config: RunConfig, ds: Dataset, run_dir, progress=None) -> dict:
+def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) -> dict:
   """Trains (or resumes, or just loads) one run; returns its result dict.
+
+  Every micro-batch is sharded along a ``data`` mesh axis over ``devices`` (default: every local
+  device) and the pipeline state is replicated (``pipeline_sim.sharding``); on one device nothing
+  changes. Results agree across device counts to float32 round-off (reduction order), not bitwise.
 
   Args:
     config: the run.
     ds: the dataset.
     run_dir: the run's folder (created); see ``run_name``.
     progress: optional ``tqdm``-like bar (``reset``, ``update``, ``set_postfix``) advanced by steps.
+    devices: the devices of the data mesh (default ``jax.local_devices()``).
   """
   run_dir = pathlib.Path(run_dir)
   config.validate()
@@ -264,11 +269,16 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None) -> dict:
   done = load_result(run_dir)
   if done is not None:
     return done
+  mesh = ps.data_mesh(devices)
+  if config.batch_size % mesh.size:
+    raise ValueError(f"batch_size {config.batch_size} is not divisible by the {mesh.size} devices; "
+                     "choose a multiple (--batch-size)")
   pipe, state, graphdef, loss_fn = build(config, ds)
+  state = ps.replicate(state, mesh)
   context = config.model_config(ds.vocab_size).context
   valid = [ds.batch(10_000 + config.seed, j, config.batch_size, context, split="valid")
            for j in range(config.eval_batches)]
-  valid = jax.tree.map(lambda *xs: jnp.stack(xs), *valid)
+  valid = ps.shard_batches(jax.tree.map(lambda *xs: np.stack(xs), *valid), mesh)
   evaluate = jax.jit(lambda params: jnp.mean(jax.lax.map(lambda b: loss_fn(params, b), valid)))
   lr_at = methods.schedule(config)
 
@@ -292,7 +302,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None) -> dict:
     progress.update(step)
   first_chunk = True
   while step < config.steps:
-    batches = ds.batches(config.seed, step, config.chunk, config.batch_size, context)
+    batches = ps.shard_batches(ds.batches(config.seed, step, config.chunk, config.batch_size, context), mesh)
     t0 = time.perf_counter()
     state, (chunk_losses, grad_norms) = pipe.run(state, batches)
     chunk_losses = np.asarray(chunk_losses)
@@ -340,7 +350,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None) -> dict:
       "num_params": model_lib.count_params(state.params),
       "data": {"name": ds.name, "sha256": ds.sha256, "tokens": ds.num_tokens,
                "vocab_size": ds.vocab_size},
-      "versions": versions(),
+      "versions": versions(), "devices": mesh.size,
   }
   _write_json(run_dir / "result.json", result)
   return result

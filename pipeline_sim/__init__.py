@@ -1,27 +1,29 @@
 """Emulation of asynchronous pipeline parallelism (PipeDream 1F1B) and its baselines."""
 
 from pipeline_sim.baselines import (
-                                    nesterov,
-                                    nesterov_stage_b1,
-                                    per_stage,
-                                    pipedream,
-                                    pipedream_lr,
-                                    pipemare_lr_schedule,
-                                    scale_by_nadam_torch,
+    nesterov,
+    nesterov_stage_b1,
+    per_stage,
+    pipedream,
+    pipedream_lr,
+    pipemare_lr_schedule,
+    scale_by_nadam_torch,
 )
 from pipeline_sim.delays import (
-                                    check_labels,
-                                    leaf_delays,
-                                    merge_stages,
-                                    num_stages_of,
-                                    split_stages,
-                                    stage_delays,
+    check_labels,
+    leaf_delays,
+    merge_stages,
+    num_stages_of,
+    split_stages,
+    stage_delays,
 )
 from pipeline_sim.driver import MODES, Pipeline, PipelineState
 from pipeline_sim.gradients import Staged, no_stashing_value_and_grad
+from pipeline_sim.sharding import data_mesh, replicate, shard_batches
 
 __all__ = [
-    "MODES", "Pipeline", "PipelineState", "Staged", "check_labels", "leaf_delays", "merge_stages",
-    "nesterov", "nesterov_stage_b1", "no_stashing_value_and_grad", "num_stages_of", "per_stage", "pipedream",
-    "pipedream_lr", "pipemare_lr_schedule", "scale_by_nadam_torch", "split_stages", "stage_delays",
+    "MODES", "Pipeline", "PipelineState", "Staged", "check_labels", "data_mesh", "leaf_delays",
+    "merge_stages", "nesterov", "nesterov_stage_b1", "no_stashing_value_and_grad", "num_stages_of",
+    "per_stage", "pipedream", "pipedream_lr", "pipemare_lr_schedule", "replicate",
+    "scale_by_nadam_torch", "shard_batches", "split_stages", "stage_delays",
 ]
