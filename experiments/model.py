@@ -236,11 +236,25 @@ def cross_entropy(logits, targets):
   return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
 
 
-def make_loss(graphdef, moe_coef: float = 0.01) -> Callable[[Any, Any], jax.Array]:
-  """``loss(params, (inputs, targets))``: cross-entropy plus ``moe_coef`` x load-balancing loss."""
+DTYPES = ("float32", "bfloat16")
+
+
+def compute_dtype(params, dtype: str = "float32"):
+  """Parameters cast for the forward pass: ``bfloat16`` runs activations and matmuls in bf16 while
+  the parameters (and their gradients and optimizer states) stay float32."""
+  if dtype not in DTYPES:
+    raise ValueError(f"unknown dtype {dtype!r}; choose from {DTYPES}")
+  if dtype == "float32":
+    return params
+  return jax.tree.map(lambda x: x.astype(jnp.bfloat16) if x is not None else None, params)
+
+
+def make_loss(graphdef, moe_coef: float = 0.01, dtype: str = "float32") -> Callable[[Any, Any], jax.Array]:
+  """``loss(params, (inputs, targets))``: cross-entropy plus ``moe_coef`` x load-balancing loss,
+  the forward in ``dtype`` (see ``compute_dtype``), the loss in float32."""
 
   def loss_fn(params, batch):
-    logits, aux = forward(graphdef, params, batch[0])
+    logits, aux = forward(graphdef, compute_dtype(params, dtype), batch[0])
     return cross_entropy(logits, batch[1]) + moe_coef * aux
 
   return loss_fn
@@ -273,7 +287,7 @@ def stage_labels(params, num_stages: int):
   }
 
 
-def stage_functions(cfg: ModelConfig, num_stages: int):
+def stage_functions(cfg: ModelConfig, num_stages: int, dtype: str = "float32"):
   """P functions ``f_k(stage_params, activations) -> activations`` composing to ``forward``.
 
   Stage 0 takes the token array; every other stage takes and returns ``(hidden, aux_loss)``; the
@@ -286,12 +300,13 @@ def stage_functions(cfg: ModelConfig, num_stages: int):
 
   def make(k):
     def stage_fn(p, act):
+      p = compute_dtype(p, dtype)
       if k == 0:
         act = (nnx.merge(emb_g, p["embed"])(act), jnp.zeros((), jnp.float32))
       h, aux = act
       for i in range(k * per, (k + 1) * per):
         h, a = nnx.merge(blk_g, p["blocks"][i])(h)
-        aux = aux + a
+        aux = aux + a.astype(jnp.float32)
       if k == num_stages - 1:
         h = nnx.merge(head_g, p["head"])(h)
       return h, aux

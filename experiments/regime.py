@@ -9,7 +9,7 @@ large P) and rotation:
    byte vocabulary; the choice is recorded in ``regime.json`` and used everywhere below);
 2. training length: own-target slowdown from P = 1 to P = top, and rotation's percent fewer
    iterations than the best baseline at P = top, at lengths spanning 8x;
-3. what the early loss plateau depends on, at the base length: a subword vocabulary (byte-level BPE
+3. what the early loss plateau depends on (``--factor-steps``): a subword vocabulary (byte-level BPE
    trained offline on the corpus's training split, saved beside the results with its sha256)
    against bytes, and a longer context.
 
@@ -38,9 +38,11 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(prog="python -m experiments.regime", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--preset", default="cpu", help="preset whose template (model, batch) is used")
-  p.add_argument("--lengths", nargs="+", type=int, default=[600, 1200, 2400, 4800],
-                 help="training lengths in steps (default 600 1200 2400 4800)")
-  p.add_argument("--base", type=int, default=1200, help="length of the tuning and factor runs")
+  p.add_argument("--lengths", nargs="+", type=int, default=[300, 600, 1200, 2400],
+                 help="training lengths in steps (default 300 600 1200 2400: 8x)")
+  p.add_argument("--base", type=int, default=1200, help="length of the learning-rate tuning runs")
+  p.add_argument("--factor-steps", type=int, default=600, help="length of the vocabulary and context "
+                 "runs (the plateau lies in the first few hundred steps)")
   p.add_argument("--top", type=int, default=16, help="the largest P (default 16)")
   p.add_argument("--methods", nargs="+", default=list(METHODS))
   p.add_argument("--grid", nargs="+", type=float, default=[0.5, 1.0, 2.0],
@@ -67,7 +69,7 @@ def _rows(results, window):
 def main(argv=None) -> pathlib.Path:
   args = parse_args(argv)
   preset = presets.PRESETS[args.preset]
-  for n in args.lengths + [args.base]:
+  for n in args.lengths + [args.base, args.factor_steps]:
     if n % preset.template.chunk:
       raise ValueError(f"length {n} is not a multiple of the chunk {preset.template.chunk}")
   out = sweep.prepare_out(pathlib.Path(args.out))
@@ -107,10 +109,11 @@ def main(argv=None) -> pathlib.Path:
     record["tokenizer"] = {"path": str(tok_json), "vocab_size": args.bpe_vocab,
                            "sha256": hashlib.sha256(tok_json.read_bytes()).hexdigest(),
                            "tokens_sha256": bpe_ds.sha256, "tokens": bpe_ds.num_tokens}
+    n = args.factor_steps
     factors = {
-        f"bytes, context {context}": lengths.get(args.base) or grid(args.base, byte_ds),
-        f"BPE {args.bpe_vocab}, context {context}": grid(args.base, bpe_ds),
-        f"bytes, context {args.context}": grid(args.base, byte_ds, context=args.context),
+        f"bytes, context {context}": lengths.get(n) or grid(n, byte_ds),
+        f"BPE {args.bpe_vocab}, context {context}": grid(n, bpe_ds),
+        f"bytes, context {args.context}": grid(n, byte_ds, context=args.context),
     }
   record["wall_seconds"] = time.time() - t0
   write(out, preset, args, record, lengths, factors)
@@ -137,7 +140,7 @@ def write(out, preset, args, record, lengths, factors):
   smooth = preset.smooth_fraction
   window = lambda steps: max(1, int(steps * smooth))
   by_length = {n: _rows(rs, window(n)) for n, rs in lengths.items()}
-  by_factor = {k: _rows(rs, window(args.base)) for k, rs in factors.items()}
+  by_factor = {k: _rows(rs, window(args.factor_steps)) for k, rs in factors.items()}
   top, methods = args.top, args.methods
   lr = record["learning_rates"]
   lines = ["# Regime study", "",
@@ -150,7 +153,7 @@ def write(out, preset, args, record, lengths, factors):
            + ", ".join(f"{m} {v:g}" for m, v in lr["chosen"].items()), "",
            "## Slowdown against training length (bytes)", "",
            _table(by_length, sorted(by_length), top, methods, "steps"), "",
-           f"## What the plateau depends on ({args.base} steps)", "",
+           f"## What the plateau depends on ({args.factor_steps} steps)", "",
            _table(by_factor, list(by_factor), top, methods, "data"), "",
            f"Tokenizer: `{record['tokenizer']['path']}`, sha256 `{record['tokenizer']['sha256'][:16]}...`, "
            f"{record['tokenizer']['tokens']} tokens.", ""]
@@ -168,7 +171,7 @@ def write(out, preset, args, record, lengths, factors):
     lines.append(f"![{name}]({name})")
   for i, (k, rs) in enumerate(factors.items()):
     name = f"regime_factor_{i}.png"
-    plots.loss_curves(report.mean_curves(report.curves_by(rs)), window(args.base), out / name, k)
+    plots.loss_curves(report.mean_curves(report.curves_by(rs)), window(args.factor_steps), out / name, k)
     lines.append(f"![{name}]({name})")
   (out / "regime.md").write_text("\n".join(lines) + "\n")
   (out / "regime.json").write_text(json.dumps(record, indent=1, default=float))

@@ -62,6 +62,8 @@ class RunConfig:
     weight_decay: decoupled weight decay of every method.
     moe_loss_weight: weight of the mixture-of-experts load-balancing loss.
     refresh_every: basis refresh period of rotation methods; ``None`` uses the method's own.
+    dtype: activations and matmuls, ``float32`` or ``bfloat16`` (parameters and optimizer states
+      stay float32).
     chunk: steps per jit-compiled scan (progress, checkpoint and evaluation granularity).
     eval_every: steps between validation evaluations (a multiple of ``chunk``).
     eval_batches: validation micro-batches per evaluation.
@@ -87,6 +89,7 @@ class RunConfig:
   weight_decay: float = 0.01
   moe_loss_weight: float = 0.01
   refresh_every: int | None = None
+  dtype: str = "float32"
   chunk: int = 50
   eval_every: int = 250
   eval_batches: int = 4
@@ -98,6 +101,7 @@ class RunConfig:
     """A readable name (not unique: ``run_name`` adds the identity hash)."""
     blocks = f"-B{self.num_blocks}" if self.num_blocks else ""
     blocks += f"-C{self.context}" if self.context else ""
+    blocks += "-bf16" if self.dtype == "bfloat16" else ""
     tag = f"_{self.tag}" if self.tag else ""
     return (f"{self.model}{blocks}_{self.mode}_{self.method}_P{self.stages}_lr{self.lr:g}"
             f"_n{self.steps}_s{self.seed}{tag}")
@@ -126,6 +130,8 @@ class RunConfig:
     if not 0 <= self.warmup_fraction < 1 or not 0 < self.pipemare_fraction <= 1:
       raise ValueError(f"need 0 <= warmup_fraction < 1 and 0 < pipemare_fraction <= 1, got "
                        f"{self.warmup_fraction}, {self.pipemare_fraction}")
+    if self.dtype not in model_lib.DTYPES:
+      raise ValueError(f"unknown dtype {self.dtype!r}; choose from {model_lib.DTYPES}")
     if self.refresh_every is not None and self.refresh_every < 1:
       raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
 
@@ -187,11 +193,11 @@ def build(config: RunConfig, ds: Dataset):
   cfg = config.model_config(ds.vocab_size)
   graphdef, params = model_lib.init(cfg, seed=config.seed)
   labels = model_lib.stage_labels(params, config.stages)
-  loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight)
+  loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
   staged = None
   if config.mode == "no_stashing":
     w = config.moe_loss_weight
-    staged = ps.Staged(model_lib.stage_functions(cfg, config.stages),
+    staged = ps.Staged(model_lib.stage_functions(cfg, config.stages, config.dtype),
                        loss_of=lambda out, batch: model_lib.cross_entropy(out[0], batch[1]) + w * out[1])
   pipe = ps.Pipeline(loss_fn, methods.stage_optimizers(config), labels, mode=config.mode, staged=staged,
                      grad_norms=True)

@@ -52,6 +52,8 @@ def parse_args(argv=None):
                       "(default: each method's own, 10)")
   parser.add_argument("--warmup", type=float, help="warm-up fraction of training (default: the "
                       "preset's, 0.012 as in the paper)")
+  parser.add_argument("--dtype", choices=model_lib.DTYPES, help="activations and matmuls (default "
+                      "float32; bfloat16 keeps float32 parameters and optimizer states)")
   parser.add_argument("--data", help="a text file (bytes) or a nanoGPT-style uint16 .bin token file; "
                       "default: the Python standard library's source")
   parser.add_argument("--vocab-size", type=int, help="vocabulary of a .bin token file (default 50257)")
@@ -118,6 +120,8 @@ def make_preset(args) -> presets_lib.Preset:
     if args.refresh_every < 1:
       raise ValueError(f"--refresh-every must be >= 1, got {args.refresh_every}")
     over["refresh_every"] = args.refresh_every
+  if args.dtype is not None:
+    over["dtype"] = args.dtype
   if args.warmup is not None:
     if not 0 <= args.warmup < 1:
       raise ValueError(f"--warmup must be in [0, 1), got {args.warmup}")

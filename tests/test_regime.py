@@ -17,7 +17,7 @@ def _result(method, stages, steps, slowdown, seed=0):
 
 def test_tables_show_the_known_slowdowns(tmp_path):
   args = argparse.Namespace(preset="cpu", top=16, methods=["pipedream", "rotation"], base=1200, seeds=[0],
-                           grid=[1.0])
+                           grid=[1.0], factor_steps=1200)
   known = {"pipedream": {600: 3.0, 1200: 4.0}, "rotation": {600: 1.5, 1200: 2.0}}
   lengths = {n: [_result(m, p, n, known[m][n] if p == 16 else 1.0) for m in known for p in (1, 16)]
              for n in (600, 1200)}

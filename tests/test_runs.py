@@ -4,6 +4,7 @@ import dataclasses
 import json
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -75,3 +76,14 @@ def test_metrics_are_written_while_training(trained):
   # The steady-state rate excludes the first (compiling) chunk.
   assert result["steps_per_second"] > 20 / result["seconds"]
   assert (run_dir / "identity.json").exists()
+
+
+def test_bfloat16_activations_train_with_float32_state(tmp_path, corpus, trained):
+  config = dataclasses.replace(CONFIG, dtype="bfloat16")
+  result = runs.train(config, corpus, tmp_path / "bf16")
+  losses, f32 = np.asarray(result["losses"]), np.asarray(trained[1]["losses"])
+  assert np.all(np.isfinite(losses)) and losses[-5:].mean() < losses[:5].mean() - 0.5
+  assert abs(losses[-5:].mean() - f32[-5:].mean()) < 0.1  # bf16 rounding, not another model
+  assert not np.array_equal(losses, f32)
+  pipe, state, _, _ = runs.build(config, corpus)
+  assert all(x.dtype == np.float32 for x in jax.tree.leaves(state.params))
