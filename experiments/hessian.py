@@ -5,9 +5,11 @@ For a weight matrix W (m x n) let H be the loss Hessian block of vec(W) (mn x mn
 - Misalignment = off-diagonal share of the (1,1)-norm, ``(||H||_{1,1} - sum_i |H_ii|) / ||H||_{1,1}``:
   0 for a block that is diagonal in the basis, towards 1 for a dense one (for a random rotation of
   an n-entry block it is about ``1 - O(1 / sqrt(n))``).
-- Normalised misalignment = that share divided by the share of the same block in a random
-  orthogonal basis (the fully misaligned reference), so that blocks of different sizes compare.
-  The paper's normalisation of its 0.5436 -> 0.1228 is not published; this is ours.
+- Normalised (1,1)-norm = ``||H||_{1,1} / (N ||H||_F)`` (N = mn): at most ``1 / sqrt(N)`` for a
+  diagonal block, about 0.8 for a dense Gaussian-like one; the Frobenius norm is the same in every
+  orthonormal basis, so it compares bases directly. The paper's normalisation of its
+  0.5436 -> 0.1228 is not published; this is one candidate. A random orthogonal basis is reported
+  as the fully misaligned reference.
 - Blocks of up to ``exact_limit`` (4096) entries are measured exactly, from mn Hessian-vector
   products. Larger ones are estimated: row sums ``s_i = sum_j |H_ij|`` by Cauchy probes (for z with
   i.i.d. standard Cauchy entries ``(H z)_i`` is Cauchy with scale ``s_i``, so ``median_k |(H z_k)_i|``
@@ -80,33 +82,43 @@ def exact_block(hvp, shape, basis=None, chunk: int = 256) -> np.ndarray:
   return np.concatenate(rows).astype(np.float64)
 
 
-def exact_norms(h: np.ndarray) -> tuple[float, float]:
-  """(||H||_{1,1}, sum_i |H_ii|) of a dense block."""
-  return float(np.abs(h).sum()), float(np.abs(np.diag(h)).sum())
+def exact_norms(h: np.ndarray) -> tuple[float, float, float]:
+  """(||H||_{1,1}, sum_i |H_ii|, ||H||_F) of a dense block."""
+  return float(np.abs(h).sum()), float(np.abs(np.diag(h)).sum()), float(np.linalg.norm(h))
 
 
 def one_one_norm(hvp, shape, basis=None, samples: int = 64, seed: int = 0):
-  """Estimates (||H||_{1,1}, sum_i |H_ii|) of the block, in ``basis = (U, V)`` if given.
+  """Estimates (||H||_{1,1}, sum_i |H_ii|, ||H||_F) of the block, in ``basis = (U, V)`` if given.
 
   Row sums by Cauchy probes (``median_k |(H z_k)_i|``). Diagonal by Hutchinson's estimator with
   Rademacher probes, corrected for the bias of taking ``|.|`` of a noisy estimate:
   ``|H_ii| ~ sqrt(max(0, mean^2 - var / k))`` (``E[mean^2] = H_ii^2 + var / k``). Without the
-  correction a dense block's diagonal reads too large and its misalignment too small.
+  correction a dense block's diagonal reads too large and its misalignment too small. Frobenius
+  norm from the same Rademacher probes: ``E ||H z||^2 = ||H||_F^2``.
   """
   rot_hvp = _rotated(hvp, shape, basis)
   key_c, key_r = jax.random.split(jax.random.PRNGKey(seed))
   cauchy = jax.random.cauchy(key_c, (samples,) + tuple(shape))
   rade = jax.random.rademacher(key_r, (samples,) + tuple(shape)).astype(jnp.float32)
   row_scale = jnp.median(jnp.abs(jax.lax.map(rot_hvp, cauchy)), axis=0)
-  d = rade * jax.lax.map(rot_hvp, rade)
+  hz = jax.lax.map(rot_hvp, rade)
+  d = rade * hz
   mean, var = jnp.mean(d, axis=0), jnp.var(d, axis=0, ddof=1)
   diag = jnp.sqrt(jnp.maximum(mean**2 - var / samples, 0.0))
-  return float(jnp.sum(row_scale)), float(jnp.sum(diag))
+  fro = jnp.sqrt(jnp.mean(jnp.sum(hz * hz, axis=tuple(range(1, hz.ndim)))))
+  return float(jnp.sum(row_scale)), float(jnp.sum(diag)), float(fro)
 
 
 def misalignment(total: float, diagonal: float) -> float:
   """Off-diagonal share of the (1,1)-norm: 0 for a diagonal block, towards 1 for a dense one."""
   return max(0.0, (total - min(diagonal, total)) / total) if total > 0 else 0.0
+
+
+def normalised_one_one(total: float, fro: float, entries: int) -> float:
+  """``||H||_{1,1} / (N ||H||_F)`` for an N x N block: at most ``1 / sqrt(N)`` for a diagonal block,
+  about ``sqrt(2 / pi) = 0.8`` for a dense one with Gaussian-like entries. ``||H||_F`` is the same
+  in every orthonormal basis, so this compares bases of one block directly."""
+  return total / (entries * fro) if fro > 0 else 0.0
 
 
 def random_basis(shape, seed: int = 0):
@@ -119,13 +131,16 @@ def random_basis(shape, seed: int = 0):
 def block_misalignment(hvp, shape, basis=None, samples: int = 64, exact_limit: int = 4096):
   """Misalignment of the block in ``basis``: exact up to ``exact_limit`` entries, else estimated.
 
-  Returns ``(raw (1,1)-norm, misalignment, method)``.
+  Returns ``(raw (1,1)-norm, misalignment, normalised (1,1)-norm, method)``.
   """
-  if shape[0] * shape[1] <= exact_limit:
-    total, diag = exact_norms(exact_block(hvp, shape, basis))
-    return total, misalignment(total, diag), "exact"
-  total, diag = one_one_norm(hvp, shape, basis, samples)
-  return total, misalignment(total, diag), f"estimate ({samples} probes)"
+  n = shape[0] * shape[1]
+  if n <= exact_limit:
+    total, diag, fro = exact_norms(exact_block(hvp, shape, basis))
+    method = "exact"
+  else:
+    total, diag, fro = one_one_norm(hvp, shape, basis, samples)
+    method = f"estimate ({samples} probes)"
+  return total, misalignment(total, diag), normalised_one_one(total, fro, n), method
 
 
 def gradient_bases(loss_fn, params, path, batches):
@@ -151,7 +166,8 @@ def run_bases(state, labels, num_stages):
   return ps.merge_stages(parts, labels)
 
 
-def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=None):
+def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=None,
+            exact_limit: int = 4096):
   """Rows per matrix: raw and normalised (1,1)-norm in the original and the rotated basis."""
   result = runs.load_result(run_dir)
   if result is None:
@@ -178,15 +194,13 @@ def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=
     else:
       basis, source = gradient_bases(loss_fn, params, path, batch_list), "gradient statistics"
     hvp = _hvp(loss_fn, params, path, batch_list[0])
-    orig = block_misalignment(hvp, leaf.shape, None, samples)
-    rot = block_misalignment(hvp, leaf.shape, basis, samples)
-    rand = block_misalignment(hvp, leaf.shape, random_basis(leaf.shape), samples)
-    rows.append({"matrix": "/".join(map(str, path)), "shape": list(leaf.shape), "basis": source,
-                 "method": orig[2], "norm_original": orig[0], "norm_rotated": rot[0],
-                 "misalignment_original": orig[1], "misalignment_rotated": rot[1],
-                 "misalignment_random": rand[1],
-                 "normalised_original": orig[1] / rand[1] if rand[1] else None,
-                 "normalised_rotated": rot[1] / rand[1] if rand[1] else None})
+    orig, rot, rand = (block_misalignment(hvp, leaf.shape, b, samples, exact_limit)
+                       for b in (None, basis, random_basis(leaf.shape)))
+    row = {"matrix": "/".join(map(str, path)), "shape": list(leaf.shape), "basis": source,
+           "method": orig[3]}
+    for name, r in (("original", orig), ("rotated", rot), ("random", rand)):
+      row.update({f"norm_{name}": r[0], f"misalignment_{name}": r[1], f"normalised_{name}": r[2]})
+    rows.append(row)
   return rows
 
 
@@ -196,17 +210,18 @@ def main(argv=None):
   parser.add_argument("run_dir", help="a finished run folder (results/<preset>/runs/<name>)")
   parser.add_argument("--samples", type=int, default=64, help="Cauchy / Rademacher probes per matrix")
   parser.add_argument("--data", help="the data file the run used (default: the default corpus)")
+  parser.add_argument("--exact-limit", type=int, default=4096, help="blocks with at most this many "
+                      "entries are measured exactly from HVPs (default 4096), larger ones estimated")
   args = parser.parse_args(argv)
-  rows = analyse(pathlib.Path(args.run_dir), samples=args.samples, data_path=args.data)
-  print("| matrix | shape | basis | method | (1,1)-norm orig | rotated | misalignment orig | rotated "
-        "| random | normalised orig | rotated |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|")
+  rows = analyse(pathlib.Path(args.run_dir), samples=args.samples, data_path=args.data,
+                 exact_limit=args.exact_limit)
+  print("| matrix | shape | basis | method | (1,1)-norm orig / rotated | off-diagonal share orig / "
+        "rotated / random | normalised (1,1)-norm orig / rotated / random |")
+  print("|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['matrix']} | {r['shape']} | {r['basis']} | {r['method']} | {r['norm_original']:.4g} "
-          f"| {r['norm_rotated']:.4g} "
-          f"| {r['misalignment_original']:.4f} | {r['misalignment_rotated']:.4f} "
-          f"| {r['misalignment_random']:.4f} | {r['normalised_original']:.4f} "
-          f"| {r['normalised_rotated']:.4f} |")
+    trio = lambda key: " / ".join(f"{r[f'{key}_{b}']:.4f}" for b in ("original", "rotated", "random"))
+    print(f"| {r['matrix']} | {r['shape']} | {r['basis']} | {r['method']} | {r['norm_original']:.4g} / "
+          f"{r['norm_rotated']:.4g} | {trio('misalignment')} | {trio('normalised')} |")
   out = pathlib.Path(args.run_dir) / "hessian.json"
   out.write_text(json.dumps(rows, indent=1))
   print(f"written {out}")

@@ -136,9 +136,16 @@ class RunConfig:
       raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
 
 
+# Options added after runs were recorded, left out of the identity while at the value that means
+# "not used", so that adding an option never invalidates finished runs that do not use it.
+OPTIONAL_FIELDS = {"dtype": "float32"}
+
+
 def identity(config: RunConfig, data_sha256: str, vocab_size: int) -> dict:
   """Everything that changes a run's numbers: its config, the data's hash and the vocabulary."""
-  return {"config": dataclasses.asdict(config), "data_sha256": data_sha256, "vocab_size": vocab_size}
+  fields = {k: v for k, v in dataclasses.asdict(config).items()
+            if not (k in OPTIONAL_FIELDS and v == OPTIONAL_FIELDS[k])}
+  return {"config": fields, "data_sha256": data_sha256, "vocab_size": vocab_size}
 
 
 def run_name(config: RunConfig, data_sha256: str, vocab_size: int) -> str:
@@ -247,7 +254,8 @@ def check_identity(run_dir: pathlib.Path, ident: dict) -> None:
     _write_json(run_dir / "identity.json", ident)
     return
   if saved != ident:
-    diff = [k for k in ident["config"] if saved.get("config", {}).get(k) != ident["config"][k]]
+    keys = set(ident["config"]) | set(saved.get("config", {}))
+    diff = sorted(k for k in keys if saved.get("config", {}).get(k) != ident["config"].get(k))
     diff += [k for k in ("data_sha256", "vocab_size") if saved.get(k) != ident[k]]
     raise ValueError(f"{run_dir} holds a run with other settings ({', '.join(diff)} differ); "
                      "use another --out or remove that folder")

@@ -256,7 +256,9 @@ def deviations(preset, ds) -> list:
              "GPT-2 BPE vocabulary 50257)")
   out.append(f"training: {t.steps} steps of batch {t.batch_size} x {cfg.context} tokens (paper: "
              "250 epochs of its data at P up to 32)")
-  out.append(f"learning rates: {dict(preset.learning_rates)}, not tuned per P (paper: 1e-3 at 95M)")
+  out.append(f"learning rates: {dict(preset.learning_rates)}, one per method for every P (the cpu "
+             "presets' were chosen at P = 1 by `python -m experiments.regime`; paper: 1e-3 at 95M)")
+  out.append("seeds: the tables show one seed unless --seeds gives more (then mean [min, max])")
   if max(preset.stages) < 32:
     out.append(f"largest P = {max(preset.stages)} (paper: 32)")
   return out

@@ -38,27 +38,34 @@ def test_exact_block_recovers_the_hessian_in_any_basis():
 def test_zero_for_diagonal_and_near_one_for_random_rotation():
   rng = np.random.default_rng(1)
   h, basis = _kronecker_quadratic(rng)
-  exact = lambda b: hessian.block_misalignment(_block(h), SHAPE, b)[1]
-  assert exact(basis) < 1e-3  # in its Kronecker eigenbasis the block is diagonal
-  assert exact(None) > 0.8 and exact(hessian.random_basis(SHAPE)) > 0.8
+  exact = lambda b: hessian.block_misalignment(_block(h), SHAPE, b)
+  assert exact(basis)[1] < 1e-3  # in its Kronecker eigenbasis the block is diagonal
+  assert exact(None)[1] > 0.8 and exact(hessian.random_basis(SHAPE))[1] > 0.8
   diag = np.diag(np.geomspace(10, 0.1, 48))
   assert hessian.block_misalignment(_block(diag), SHAPE)[1] == 0.0
+  # Normalised (1,1)-norm ||H||_11 / (N ||H||_F): <= 1/sqrt(N) when diagonal, high when dense.
+  assert exact(basis)[2] <= 1 / np.sqrt(48) + 1e-6 < 0.3 < exact(hessian.random_basis(SHAPE))[2]
+  dense = np.random.default_rng(5).normal(size=(48, 48))
+  dense = dense + dense.T
+  np.testing.assert_allclose(hessian.block_misalignment(_block(dense), SHAPE)[2], np.sqrt(2 / np.pi),
+                             rtol=0.1)
 
 
 def test_estimator_matches_exact_and_corrects_the_abs_bias():
   rng = np.random.default_rng(2)
   h, basis = _kronecker_quadratic(rng)
   for b in (None, basis):
-    total, diag = hessian.exact_norms(hessian.exact_block(_block(h), SHAPE, b))
-    est_total, est_diag = hessian.one_one_norm(_block(h), SHAPE, b, samples=2000)
+    total, diag, fro = hessian.exact_norms(hessian.exact_block(_block(h), SHAPE, b))
+    est_total, est_diag, est_fro = hessian.one_one_norm(_block(h), SHAPE, b, samples=2000)
     np.testing.assert_allclose(est_total, total, rtol=0.05)
+    np.testing.assert_allclose(est_fro, fro, rtol=0.05)
     assert abs(hessian.misalignment(est_total, est_diag) - hessian.misalignment(total, diag)) < 0.03
   # |mean| of a noisy Hutchinson estimate overstates a dense block's diagonal; the corrected one
   # does not (64 probes, as the diagnostic uses on large blocks).
   q = _orth(rng, 48)
   h = q @ np.diag(np.linspace(-1, 1, 48)) @ q.T  # dense, small diagonal (an indefinite Hessian)
-  total, diag = hessian.exact_norms(h)
-  _, corrected = hessian.one_one_norm(_block(h), SHAPE, None, samples=64)
+  total, diag, _ = hessian.exact_norms(h)
+  _, corrected, _ = hessian.one_one_norm(_block(h), SHAPE, None, samples=64)
   rade = np.random.default_rng(3).choice([-1.0, 1.0], size=(64, 48))
   naive = np.abs(np.mean(rade * (rade @ h.T), axis=0)).sum()
   assert naive > 1.2 * diag and abs(corrected - diag) < abs(naive - diag)

@@ -33,7 +33,8 @@ def test_identity_names_every_setting_and_the_data(corpus):
   assert runs.run_name(CONFIG, "other-sha", corpus.vocab_size) != name
   assert runs.run_name(CONFIG, corpus.sha256, 300) != name
   for field, value in (("clip_norm", 0.5), ("weight_decay", 0.1), ("warmup_fraction", 0.05),
-                       ("moe_loss_weight", 0.0), ("refresh_every", 5), ("pipemare_fraction", 0.5)):
+                       ("moe_loss_weight", 0.0), ("refresh_every", 5), ("pipemare_fraction", 0.5),
+                       ("dtype", "bfloat16"), ("context", 64)):
     assert runs.run_name(dataclasses.replace(CONFIG, **{field: value}), corpus.sha256, 256) != name, field
 
 
