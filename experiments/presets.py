@@ -17,7 +17,8 @@ class Preset:
     template: the run config every run starts from (``dataclasses.replace`` sets the rest).
     stages: pipeline depths P to sweep (P = 1 is the synchronous reference).
     methods: methods run at every P.
-    learning_rates: peak learning rate per method (``default`` for the rest).
+    learning_rates: peak learning rate per method; rotation variants share ``rotation``'s, the
+      rest use ``default``.
     ablations: ablation groups run by default (see ``experiments.ablations``).
     smooth_fraction: width of the centred moving-average window for targets, as a fraction of
       the steps (see ``experiments.metrics``).
@@ -36,8 +37,13 @@ class Preset:
   tune_fraction: float = 0.25
 
   def learning_rate(self, method: str) -> float:
+    """The method's own entry; else, for a rotation variant, rotation's; else ``default``."""
     table = dict(self.learning_rates)
-    return table.get(method, table["default"])
+    if method in table:
+      return table[method]
+    if methods_lib.check_method(method).kind == "rotation" and "rotation" in table:
+      return table["rotation"]
+    return table["default"]
 
   def config(self, method: str, stages: int, seed: int, **overrides) -> RunConfig:
     """The run of ``method`` at P = ``stages``: the template, the method's rate, ``overrides``."""

@@ -188,3 +188,11 @@ def test_dry_run_plans_and_estimates_without_training(tmp_path, capsys):
   printed = capsys.readouterr().out
   assert "1 runs, 1 to run, estimated" in printed and "GFLOP/step" in printed
   assert not out.exists()  # nothing trained, nothing written
+
+
+def test_rotation_variants_share_rotations_learning_rate():
+  preset = sweep.presets_lib.PRESETS["cpu"]
+  rates = dict(preset.learning_rates)
+  for m in ("rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni", "rotation-sa", "rotation-T100"):
+    assert preset.learning_rate(m) == rates["rotation"], m
+  assert preset.learning_rate("pipedream-lr") == rates["default"]
