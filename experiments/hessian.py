@@ -172,17 +172,17 @@ def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=
   result = runs.load_result(run_dir)
   if result is None:
     raise FileNotFoundError(f"{str(run_dir)!r} holds no finished run (no result.json)")
-  spec = runs.RunConfig(**result["config"])
-  cfg_context = spec.model_config(256).context
+  config = runs.RunConfig(**result["config"])
+  cfg_context = config.model_config(256).context
   vocab = result["data"].get("vocab_size")
   ds = data_lib.load(data_path, context=cfg_context,
                      vocab_size=vocab if str(data_path).endswith(".bin") else None)
-  pipe, state, loss_fn = runs.restore_state(spec, ds, run_dir)  # checks data and settings
+  pipe, state, loss_fn = runs.restore_state(config, ds, run_dir)  # checks data and settings
   params, labels = state.params, pipe.labels
-  bases = run_bases(state, labels, spec.stages)
-  batch_list = [ds.batch(spec.seed + 777, j, spec.batch_size, cfg_context) for j in range(batches)]
+  bases = run_bases(state, labels, config.stages)
+  batch_list = [ds.batch(config.seed + 777, j, config.batch_size, cfg_context) for j in range(batches)]
   if paths is None:  # the first and last block's attention query and MLP input kernels
-    last = spec.num_blocks or len(params["blocks"])
+    last = config.num_blocks or len(params["blocks"])
     paths = [("blocks", b, *leaf) for b in (0, last - 1)
              for leaf in (("attn", "q", "kernel"), ("mlp", "fc1", "kernel"))]
   rows = []
