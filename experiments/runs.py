@@ -32,6 +32,8 @@ from experiments import methods
 from experiments import model as model_lib
 from experiments.data import Dataset
 
+EXECUTIONS = ("emulated", "devices")
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
@@ -46,6 +48,9 @@ class RunConfig:
     stages: pipeline depth P (P = 1: synchronous training).
     seed: parameter initialisation and batch stream.
     mode: pipeline emulation, one of ``pipeline_sim.MODES``.
+    execution: ``"emulated"`` (one program computes every stage: ``pipeline_sim.Pipeline``) or
+      ``"devices"`` (P stages on P devices, 1F1B with ``ppermute``: ``pipeline_sim.DevicePipeline``,
+      modes ``weight_stashing`` and ``no_stashing``). Same trajectory to float round-off.
     model: key of ``experiments.model.CONFIGS``.
     num_blocks: overrides the named model's block count (model-size scaling); ``None`` keeps it.
     context: overrides the named model's context length; ``None`` keeps it.
@@ -75,6 +80,7 @@ class RunConfig:
   stages: int = 1
   seed: int = 0
   mode: str = "weight_stashing"
+  execution: str = "emulated"
   model: str = "cpu-deep"
   num_blocks: int | None = None
   context: int | None = None
@@ -102,6 +108,7 @@ class RunConfig:
     blocks = f"-B{self.num_blocks}" if self.num_blocks else ""
     blocks += f"-C{self.context}" if self.context else ""
     blocks += "-bf16" if self.dtype == "bfloat16" else ""
+    blocks += "-devices" if self.execution == "devices" else ""
     tag = f"_{self.tag}" if self.tag else ""
     return (f"{self.model}{blocks}_{self.mode}_{self.method}_P{self.stages}_lr{self.lr:g}"
             f"_n{self.steps}_s{self.seed}{tag}")
@@ -118,6 +125,10 @@ class RunConfig:
       raise ValueError(f"unknown model {self.model!r}; choose from {sorted(model_lib.CONFIGS)}")
     if self.mode not in ps.MODES:
       raise ValueError(f"unknown mode {self.mode!r}; choose from {ps.MODES}")
+    if self.execution not in EXECUTIONS:
+      raise ValueError(f"unknown execution {self.execution!r}; choose from {EXECUTIONS}")
+    if self.execution == "devices" and self.mode not in ps.DEVICE_MODES:
+      raise ValueError(f"mode {self.mode!r} has no device execution; choose from {ps.DEVICE_MODES}")
     model_lib.blocks_per_stage(self.num_blocks or model_lib.CONFIGS[self.model].num_blocks, self.stages)
     for name in ("steps", "batch_size", "chunk", "eval_every", "eval_batches", "checkpoint_every"):
       if getattr(self, name) < 1:
@@ -138,7 +149,7 @@ class RunConfig:
 
 # Options added after runs were recorded, left out of the identity while at the value that means
 # "not used", so that adding an option never invalidates finished runs that do not use it.
-OPTIONAL_FIELDS = {"dtype": "float32"}
+OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated"}
 
 
 def identity(config: RunConfig, data_sha256: str, vocab_size: int) -> dict:
@@ -195,20 +206,54 @@ def load_result(run_dir) -> dict | None:
     return None
 
 
-def build(config: RunConfig, ds: Dataset):
-  """Returns (pipeline, initial state, graphdef, loss_fn) for a config."""
+def build(config: RunConfig, ds: Dataset, devices=None):
+  """Returns (pipeline, initial state, graphdef, loss_fn) for a config: an emulated ``Pipeline``, or
+  with ``execution="devices"`` a ``DevicePipeline`` over ``devices`` (default: every local one)."""
   cfg = config.model_config(ds.vocab_size)
   graphdef, params = model_lib.init(cfg, seed=config.seed)
   labels = model_lib.stage_labels(params, config.stages)
   loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
-  staged = None
-  if config.mode == "no_stashing":
-    w = config.moe_loss_weight
-    staged = ps.Staged(model_lib.stage_functions(cfg, config.stages, config.dtype),
-                       loss_of=lambda out, batch: model_lib.cross_entropy(out[0], batch[1]) + w * out[1])
-  pipe = ps.Pipeline(loss_fn, methods.stage_optimizers(config), labels, mode=config.mode, staged=staged,
-                     grad_norms=True)
+  w = config.moe_loss_weight
+  staged = ps.Staged(model_lib.stage_functions(cfg, config.stages, config.dtype),
+                     loss_of=lambda out, batch: model_lib.cross_entropy(out[0], batch[1]) + w * out[1])
+  if config.execution == "devices":
+    pipe = ps.DevicePipeline(staged, methods.stage_optimizers(config), labels, mode=config.mode,
+                             mesh=ps.pipeline_mesh(config.stages, devices))
+    example = ds.batch(config.seed, 0, config.batch_size, cfg.context)
+    return pipe, pipe.init(params, example), graphdef, loss_fn
+  pipe = ps.Pipeline(loss_fn, methods.stage_optimizers(config), labels, mode=config.mode,
+                     staged=staged if config.mode == "no_stashing" else None, grad_norms=True)
   return pipe, pipe.init(params), graphdef, loss_fn
+
+
+def _advance(pipe, state, batches, step):
+  """One chunk: (state, indices of the steps that completed, their losses, their gradient norms).
+
+  The emulator completes the chunk's own steps; the device pipeline completes steps ``P - 1``
+  behind (the micro-batches still in flight finish in the next chunk or in ``_drain``)."""
+  if isinstance(pipe, ps.DevicePipeline):
+    state, out = pipe.run(state, batches)
+    steps, losses, norms = (np.asarray(x) for x in out)
+    keep = steps >= 0
+    return state, steps[keep], losses[keep], norms[keep]
+  state, (losses, norms) = pipe.run(state, batches)
+  losses = np.asarray(losses)
+  return state, np.arange(step, step + len(losses)), losses, np.asarray(norms)
+
+
+def _drain(pipe, state):
+  """Completes the steps still in flight (device pipeline); the emulator has none."""
+  if isinstance(pipe, ps.DevicePipeline):
+    return pipe.finish(state)
+  return state, (np.zeros(0, int), np.zeros(0), np.zeros(0))
+
+
+def _params(pipe, state):
+  return pipe.params(state) if isinstance(pipe, ps.DevicePipeline) else state.params
+
+
+def _lag(pipe) -> int:
+  return pipe.num_stages - 1 if isinstance(pipe, ps.DevicePipeline) else 0
 
 
 class _Checkpoints:
@@ -287,8 +332,10 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
   if config.batch_size % mesh.size:
     raise ValueError(f"batch_size {config.batch_size} is not divisible by the {mesh.size} devices; "
                      "choose a multiple (--batch-size)")
-  pipe, state, graphdef, loss_fn = build(config, ds)
-  state = ps.replicate(state, mesh)
+  pipe, state, graphdef, loss_fn = build(config, ds, devices)
+  on_devices = isinstance(pipe, ps.DevicePipeline)
+  if not on_devices:
+    state = ps.replicate(state, mesh)
   context = config.model_config(ds.vocab_size).context
   valid = [ds.batch(10_000 + config.seed, j, config.batch_size, context, split="valid")
            for j in range(config.eval_batches)]
@@ -304,22 +351,35 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
   timing = {"seconds": 0.0, "steady_seconds": 0.0, "steady_steps": 0, "compile_seconds": None}
   log = run_dir / "metrics.jsonl"
   if restored is None:
-    val_losses[0] = float(evaluate(state.params))
+    val_losses[0] = float(evaluate(_params(pipe, state)))
     log.write_text("")
   else:
     step, state, losses, val_losses = restored
     losses, val_losses = losses.copy(), val_losses.copy()
     timing.update(_read_json(run_dir / "timing.json") or {})
-    _truncate_log(log, step)
+    _truncate_log(log, step - _lag(pipe))
   if progress is not None:
     progress.reset(total=config.steps)
     progress.update(step)
   first_chunk = True
+
+  def log_steps(done, chunk_losses, grad_norms, seconds, val_loss=None):
+    losses[done] = chunk_losses
+    lrs = np.asarray(lr_at(done))
+    records = [{"step": int(j) + 1, "loss": float(x), "lr": float(r), "grad_norm": float(g),
+                "seconds": seconds} for j, x, r, g in zip(done, chunk_losses, lrs, grad_norms)]
+    if val_loss is not None and records:
+      records[-1]["val_loss"] = val_loss
+    with open(log, "a") as f:
+      f.writelines(json.dumps(r) + "\n" for r in records)
+    return bool(np.all(np.isfinite(chunk_losses)))
+
   while step < config.steps:
-    batches = ps.shard_batches(ds.batches(config.seed, step, config.chunk, config.batch_size, context), mesh)
+    batches = ds.batches(config.seed, step, config.chunk, config.batch_size, context)
+    if not on_devices:
+      batches = ps.shard_batches(batches, mesh)
     t0 = time.perf_counter()
-    state, (chunk_losses, grad_norms) = pipe.run(state, batches)
-    chunk_losses = np.asarray(chunk_losses)
+    state, done, chunk_losses, grad_norms = _advance(pipe, state, batches, step)
     elapsed = time.perf_counter() - t0
     timing["seconds"] += elapsed
     if first_chunk:  # includes compilation: kept out of the steady-state rate
@@ -328,21 +388,15 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
     else:
       timing["steady_seconds"] += elapsed
       timing["steady_steps"] += config.chunk
-    losses[step:step + config.chunk] = chunk_losses
     step += config.chunk
     finite = bool(np.all(np.isfinite(chunk_losses)))
-    if finite and step % config.eval_every == 0:
-      val_losses[step // config.eval_every] = float(evaluate(state.params))
-    lrs = np.asarray(lr_at(np.arange(step - config.chunk, step)))
-    records = [{"step": step - config.chunk + j + 1, "loss": float(chunk_losses[j]), "lr": float(lrs[j]),
-                "grad_norm": float(grad_norms[j]), "seconds": elapsed / config.chunk}
-               for j in range(config.chunk)]
-    if step % config.eval_every == 0:
-      records[-1]["val_loss"] = float(val_losses[step // config.eval_every])
-    with open(log, "a") as f:
-      f.writelines(json.dumps(r) + "\n" for r in records)
+    # On devices the last evaluation waits for the drain (every stage at every update).
+    val_loss = None
+    if finite and step % config.eval_every == 0 and not (on_devices and step == config.steps):
+      val_loss = val_losses[step // config.eval_every] = float(evaluate(_params(pipe, state)))
+    log_steps(done, chunk_losses, grad_norms, elapsed / config.chunk, val_loss)
     if progress is not None:
-      progress.set_postfix(loss=f"{np.mean(chunk_losses):.3f}", refresh=False)
+      progress.set_postfix(loss=f"{np.mean(chunk_losses):.3f}" if len(done) else "-", refresh=False)
       progress.update(config.chunk)
     if not finite:
       status = "diverged"
@@ -350,6 +404,13 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
     if step % config.checkpoint_every == 0 and step < config.steps:
       ckpt.save(step, state, losses, val_losses)
       _write_json(run_dir / "timing.json", timing)
+  if status == "finished":
+    state, (done, tail_losses, tail_norms) = _drain(pipe, state)
+    val_loss = None
+    if on_devices and config.steps % config.eval_every == 0 and np.all(np.isfinite(tail_losses)):
+      val_loss = val_losses[-1] = float(evaluate(_params(pipe, state)))
+    if not log_steps(done, tail_losses, tail_norms, 0.0, val_loss):
+      status = "diverged"
   if status == "finished":
     ckpt.save(step, state, losses, val_losses)  # the trained state, for diagnostics
   steady = timing["steady_steps"] / timing["steady_seconds"] if timing["steady_seconds"] else None
@@ -361,7 +422,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
       "seconds": timing["seconds"], "compile_seconds": timing["compile_seconds"],
       "steps_per_second": steady,
       "buffer_bytes": pipe.buffer_bytes(state),
-      "num_params": model_lib.count_params(state.params),
+      "num_params": model_lib.count_params(_params(pipe, state)),
       "data": {"name": ds.name, "sha256": ds.sha256, "tokens": ds.num_tokens,
                "vocab_size": ds.vocab_size},
       "versions": versions(), "devices": mesh.size,
@@ -377,14 +438,15 @@ def estimate(config: RunConfig, ds: Dataset) -> dict:
   context = config.model_config(ds.vocab_size).context
   batches = ds.batches(config.seed, 0, config.chunk, config.batch_size, context)
   t0 = time.perf_counter()
-  compiled = pipe.run.lower(state, batches).compile()
+  args = (state, batches, True) if isinstance(pipe, ps.DevicePipeline) else (state, batches)
+  compiled = (pipe.lower(*args[:2]) if len(args) == 3 else pipe.run.lower(*args)).compile()
   compile_seconds = time.perf_counter() - t0
   analysis = compiled.cost_analysis()  # a scan's body is counted once: FLOPs of one step
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
   memory = compiled.memory_analysis()
   nbytes = lambda name: int(getattr(memory, name, 0) or 0) if memory is not None else 0
   t0 = time.perf_counter()
-  jax.block_until_ready(compiled(state, batches))
+  jax.block_until_ready(compiled(*args))
   rate = config.chunk / (time.perf_counter() - t0)
   return {"flops_per_step": float(analysis.get("flops", 0.0)),
           "memory_bytes": nbytes("argument_size_in_bytes") + nbytes("temp_size_in_bytes"),
@@ -410,6 +472,8 @@ def restore_state(config: RunConfig, ds: Dataset, run_dir):
   """(pipeline, trained pipeline state, loss_fn) of a run, from its last checkpoint."""
   run_dir = pathlib.Path(run_dir)
   check_identity(run_dir, identity(config, ds.sha256, ds.vocab_size))
+  if config.execution != "emulated":
+    raise ValueError(f"{run_dir} ran with execution {config.execution!r}; only emulated runs can be restored")
   pipe, state, _, loss_fn = build(config, ds)
   losses = np.zeros(config.steps, np.float32)
   val = np.zeros(config.steps // config.eval_every + 1, np.float32)

@@ -18,6 +18,7 @@ import pathlib
 import sys
 import time
 
+import jax
 import numpy as np
 from tqdm import tqdm
 
@@ -59,6 +60,9 @@ def parse_args(argv=None):
   parser.add_argument("--vocab-size", type=int, help="vocabulary of a .bin token file (default 50257)")
   parser.add_argument("--mode", default="weight_stashing", choices=ps.MODES,
                       help="pipeline emulation of the main study (default weight_stashing, PipeDream)")
+  parser.add_argument("--execution", choices=runs.EXECUTIONS, help="emulated (default: one program "
+                      "computes every stage) or devices (stage k on device k, 1F1B with ppermute; the "
+                      "device count must be a multiple of every P)")
   parser.add_argument("--ablations", nargs="*", help="ablation groups (default: the preset's): "
                       + "; ".join(f"{k}: {v.description}" for k, v in ablations_lib.ABLATIONS.items()))
   parser.add_argument("--out", help="results folder (default results/<preset>)")
@@ -122,6 +126,8 @@ def make_preset(args) -> presets_lib.Preset:
     over["refresh_every"] = args.refresh_every
   if args.dtype is not None:
     over["dtype"] = args.dtype
+  if args.execution is not None:
+    over["execution"] = args.execution
   if args.warmup is not None:
     if not 0 <= args.warmup < 1:
       raise ValueError(f"--warmup must be in [0, 1), got {args.warmup}")
@@ -154,6 +160,12 @@ def make_plan(args) -> Plan:
 
   main = tuple(make(s)(m, p) for s in args.seeds for m in method_names for p in stages)
   extra = tuple((a, c) for s in args.seeds for a, ab in chosen for c in ab.runs(make(s), max(stages)))
+  if preset.template.execution == "devices":
+    n = jax.local_device_count()
+    bad = sorted({c.stages for c in main + tuple(c for _, c in extra) if n % c.stages})
+    if bad:
+      raise ValueError(f"--execution devices puts stage k on device k: P = {bad} do not divide the "
+                       f"{n} local devices")
   return Plan(preset, main, extra)
 
 

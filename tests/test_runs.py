@@ -34,8 +34,10 @@ def test_identity_names_every_setting_and_the_data(corpus):
   assert runs.run_name(CONFIG, corpus.sha256, 300) != name
   for field, value in (("clip_norm", 0.5), ("weight_decay", 0.1), ("warmup_fraction", 0.05),
                        ("moe_loss_weight", 0.0), ("refresh_every", 5), ("pipemare_fraction", 0.5),
-                       ("dtype", "bfloat16"), ("context", 64)):
+                       ("dtype", "bfloat16"), ("context", 64), ("execution", "devices")):
     assert runs.run_name(dataclasses.replace(CONFIG, **{field: value}), corpus.sha256, 256) != name, field
+  # options at their "not used" value leave the identity (and the folders of older runs) unchanged
+  assert "execution" not in runs.identity(CONFIG, corpus.sha256, 256)["config"]
 
 
 def test_a_folder_of_another_run_is_refused(tmp_path, corpus):

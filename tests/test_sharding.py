@@ -1,6 +1,7 @@
 """Data-parallel runs on 4 forced CPU devices equal 1-device runs (a subprocess: the device count
 is fixed when JAX starts)."""
 
+import functools
 import json
 import os
 import pathlib
@@ -23,7 +24,13 @@ for method in ("pipedream", "rotation"):
                           chunk=10, eval_every=10, eval_batches=1, checkpoint_every=10)
   four = runs.train(config, ds, out / f"{method}4")
   one = runs.train(config, ds, out / f"{method}1", devices=jax.devices()[:1])
-  got[method] = {"four": four["losses"], "one": one["losses"], "recorded": [four["devices"], one["devices"]]}
+  got[method] = {"four": four["losses"], "one": one["losses"], "recorded": [four["devices"], one["devices"]],
+                 "four_val": four["val_losses"]}
+config = runs.RunConfig(method="pipedream", stages=2, steps=20, batch_size=4, model="cpu-tiny", chunk=10,
+                        eval_every=10, eval_batches=1, checkpoint_every=10, execution="devices")
+dev = runs.train(config, ds, out / "devices")
+log = [json.loads(l) for l in (out / "devices" / "metrics.jsonl").read_text().splitlines()]
+got["device_run"] = {"losses": dev["losses"], "val": dev["val_losses"], "log_steps": [r["step"] for r in log]}
 inputs, _ = ps.shard_batches(ds.batches(0, 0, 10, 4, 32), ps.data_mesh())
 got["shards"] = [list(s.data.shape) for s in inputs.addressable_shards]
 try:
@@ -41,12 +48,17 @@ print(json.dumps(got))
 TOLERANCE = {"pipedream": 1e-4, "rotation": 2e-3}
 
 
-def test_four_devices_equal_one_and_the_batch_is_sharded():
+@functools.cache
+def _results():
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  got = json.loads(proc.stdout.strip().splitlines()[-1])
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_four_devices_equal_one_and_the_batch_is_sharded():
+  got = _results()
   assert got["devices"] == 4
   assert got["shards"] == [[10, 1, 32]] * 4  # each device holds one sequence of every micro-batch
   for method, tolerance in TOLERANCE.items():
@@ -55,3 +67,13 @@ def test_four_devices_equal_one_and_the_batch_is_sharded():
     diff = max(abs(a - b) for a, b in zip(r["four"], r["one"]))
     assert diff < tolerance, (method, diff)
   assert "batch_size 6 is not divisible by the 4 devices" in got["error"]
+
+
+def test_a_run_on_the_device_pipeline_equals_the_emulated_run():
+  # --execution devices: 2 stages x 2 data-parallel devices, 1F1B with ppermute (pipeline_sim/devices.py)
+  got = _results()
+  dev, emulated = got["device_run"], got["pipedream"]
+  diff = max(abs(a - b) for a, b in zip(dev["losses"], emulated["four"]))
+  assert diff < 1e-5, diff
+  assert dev["log_steps"] == list(range(1, 21))  # every step logged once, in order, drain included
+  assert abs(dev["val"][-1] - emulated["four_val"][-1]) < 1e-5  # evaluated after the drain

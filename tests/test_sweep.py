@@ -120,6 +120,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
       (["--lr", "sgd=1e-3"], "unknown method 'sgd'"),
       (["--model", "huge"], "--model 'huge' is unknown"),
       (["--refresh-every", "0"], "--refresh-every must be >= 1"),
+      (["--execution", "devices"], "P = [4] do not divide the 1 local devices"),
+      (["--execution", "devices", "--mode", "stale_gradients"], "mode 'stale_gradients' has no device"),
   ]
   for argv, match in cases:
     assert sweep.cli(["--preset", "smoke"] + argv) == 2

@@ -1,0 +1,381 @@
+"""A real asynchronous PipeDream 1F1B pipeline across devices, on JAX's own SPMD machinery.
+
+P stages on a ``(stage, data)`` mesh: device ``(k, d)`` holds only stage k's parameters, optimizer
+state and weight stash, and the ``data`` axis splits every micro-batch (gradients are averaged over
+it with ``pmean``). The whole schedule is one ``shard_map``-ped program inside a ``lax.scan``:
+activations move forward and cotangents backward with ``jax.lax.ppermute``.
+
+Schedule (docs/algorithms.md section 1: PipeDream 1F1B, forward and backward of equal length).
+Time runs in *phases*. In phase ``u`` stage k runs
+
+- the forward of micro-batch ``m = (u - k) / 2`` when ``u - k`` is even: it saves its input (and,
+  with weight stashing, the weights it used) in a ring slot ``m % (tau_k + 1)`` and sends its output
+  to stage k + 1;
+- the backward of micro-batch ``m = (u - 2P + 1 + k) / 2`` when ``u - k`` is odd: it recomputes its
+  forward from the saved input (at the stashed weights, or at the current weights without
+  stashing), takes the vector-Jacobian product with the cotangent from stage k + 1 (the last stage
+  differentiates the loss), sends the input cotangent to stage k - 1 and applies its optimizer.
+
+So stage 0 forwards micro-batch m in phase 2m and finishes its backward in phase 2m + 2P - 1; in
+steady state every stage alternates one forward and one backward. Stage k's forward of m comes
+after the backwards of micro-batches ``m' <= m - P + k`` only: it misses the last ``tau_k = P - 1 - k``
+updates, which is exactly the delay that ``pipeline_sim.Pipeline`` emulates, and every stage applies
+micro-batch m's gradient as its m-th update. The two compute the same trajectory (the tests check
+it to float64 round-off); only the bookkeeping differs. A stage recomputes its forward at its
+backward (rematerialisation at stage boundaries), so only stage inputs are kept in flight.
+
+Streams and lag: ``run`` feeds a chunk of C micro-batches (2C phases) and returns the C micro-batches
+that *completed* during it (stage 0's backward done): micro-batches ``c0 - P + 1 .. c0 + C - P``.
+``finish`` drains the pipeline (stage 0 takes no more input) and returns the rest; after it every
+stage has applied every micro-batch, as the emulator after the same number of steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from pipeline_sim import buffers as rb
+from pipeline_sim.delays import check_labels, merge_stages, num_stages_of, split_stages, stage_delays
+from pipeline_sim.gradients import Staged
+
+STAGE, DATA = "stage", "data"
+DEVICE_MODES = ("weight_stashing", "no_stashing")
+
+
+def pipeline_mesh(num_stages: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A ``(stage, data)`` mesh: P stages, the remaining factor of the devices on ``data``.
+
+  Raises:
+    ValueError: the number of devices is not a multiple of ``num_stages``.
+  """
+  devices = list(jax.local_devices() if devices is None else devices)
+  if num_stages < 1 or len(devices) % num_stages:
+    raise ValueError(f"{len(devices)} devices cannot hold {num_stages} pipeline stages: the device count "
+                     "must be a multiple of the number of stages")
+  return Mesh(np.asarray(devices).reshape(num_stages, -1), (STAGE, DATA))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """Where each leaf of a pytree lives in per-dtype flat vectors (static)."""
+
+  treedef: Any
+  leaves: tuple  # (dtype name, offset, shape) per leaf
+  sizes: dict  # dtype name -> elements
+
+
+def _layout(tree) -> _Layout:
+  leaves, treedef = jax.tree.flatten(tree)
+  sizes, specs = {}, []
+  for x in leaves:
+    d = jnp.dtype(x.dtype).name
+    specs.append((d, sizes.get(d, 0), tuple(x.shape)))
+    sizes[d] = sizes.get(d, 0) + int(np.prod(x.shape, dtype=int))
+  return _Layout(treedef, tuple(specs), sizes)
+
+
+def _pack(tree, layout: _Layout, widths: dict) -> dict:
+  """``tree`` as one zero-padded flat vector per dtype of ``widths``."""
+  parts = {d: [] for d in widths}
+  for x, (d, _, _) in zip(layout.treedef.flatten_up_to(tree), layout.leaves):
+    parts[d].append(jnp.ravel(x).astype(d))
+  out = {}
+  for d, w in widths.items():
+    flat = jnp.concatenate(parts[d]) if parts[d] else jnp.zeros((0,), d)
+    out[d] = jnp.pad(flat, (0, w - flat.shape[0]))
+  return out
+
+
+def _unpack(flat: dict, layout: _Layout):
+  leaves = [flat[d][o:o + int(np.prod(s, dtype=int))].reshape(s) for d, o, s in layout.leaves]
+  return layout.treedef.unflatten(leaves)
+
+
+def _widths(layouts) -> dict:
+  names = sorted({d for lay in layouts for d in lay.sizes})
+  return {d: max(lay.sizes.get(d, 0) for lay in layouts) for d in names}
+
+
+class DevicePipelineState(NamedTuple):
+  """State of the pipeline across devices; every array but the counters has leading ``(P, D)``
+  axes sharded over ``(stage, data)``: device ``(k, d)`` holds entry ``[k, d]`` only."""
+
+  phase: jax.Array  # int32 (): phases run so far (two per micro-batch in steady state).
+  fed: jax.Array  # int32 (): micro-batches stage 0 has taken in.
+  carry: dict  # dtype name -> (P, D, L): stage k's (params, optimizer state, weight stash), packed.
+  inbox: Any  # message tree, leaves (P, D, P, *local): inputs of micro-batches in flight, slot m % (tau_k+1).
+  fwd: Any  # message tree, leaves (P, D, *local): what each stage received from stage k - 1.
+  bwd: Any  # activation tree, leaves (P, D, *local): the cotangent each stage received from stage k + 1.
+  pending: jax.Array  # float (2, P): loss and squared gradient norm so far of the P - 1 micro-batches in
+  #   flight after the last call (from ``phase // 2 - P + 1`` on; the last entry stays 0).
+
+
+class DevicePipeline:
+  """PipeDream 1F1B across the devices of a ``(stage, data)`` mesh; ``init``, ``run``, ``finish``.
+
+  Args:
+    staged: the model as P stage functions; every stage but the last must return activations of one
+      shape and dtype (the message between stages).
+    optimizer: one ``optax.GradientTransformation`` or a sequence of P (per-stage optimizers).
+    labels: stage index of every parameter leaf (P = ``max(labels) + 1``).
+    mode: ``"weight_stashing"`` or ``"no_stashing"`` (``DEVICE_MODES``).
+    mesh: a ``(stage, data)`` mesh with P entries on ``stage`` (default ``pipeline_mesh(P)``).
+  """
+
+  def __init__(self, staged: Staged, optimizer, labels, mode: str = "weight_stashing",
+               mesh: Mesh | None = None):
+    if mode not in DEVICE_MODES:
+      raise ValueError(f"unknown device pipeline mode {mode!r}; choose from {DEVICE_MODES}")
+    num_stages = num_stages_of(labels)
+    if len(staged.stage_fns) != num_stages:
+      raise ValueError(f"got {len(staged.stage_fns)} stage functions for {num_stages} stages")
+    if isinstance(optimizer, optax.GradientTransformation):
+      optimizer = (optimizer,) * num_stages
+    if len(optimizer) != num_stages:
+      raise ValueError(f"got {len(optimizer)} optimizers for {num_stages} stages")
+    self.mesh = pipeline_mesh(num_stages) if mesh is None else mesh
+    if tuple(self.mesh.axis_names) != (STAGE, DATA) or self.mesh.shape[STAGE] != num_stages:
+      raise ValueError(f"the mesh must have axes ({STAGE!r}, {DATA!r}) with {num_stages} entries on "
+                       f"{STAGE!r}; got {dict(self.mesh.shape)}")
+    self.staged, self.labels, self.mode = staged, labels, mode
+    self.optimizers, self.num_stages = tuple(optimizer), num_stages
+    self.delays = stage_delays(num_stages)
+    self._run = jax.jit(self._run_impl, donate_argnums=0)
+
+  # ---- set-up ----------------------------------------------------------------------------------
+
+  def _stage_carry(self, k, part):
+    stash = rb.ring_init(part, self.delays[k] + 1) if self.mode == "weight_stashing" else None
+    return part, self.optimizers[k].init(part), stash
+
+  def init(self, params, example_batch) -> DevicePipelineState:
+    """The pipeline state for ``params``; ``example_batch`` is one micro-batch (shapes only)."""
+    check_labels(params, self.labels, self.num_stages)
+    n_data = self.mesh.shape[DATA]
+    for x in jax.tree.leaves(example_batch):
+      if x.shape[0] % n_data:
+        raise ValueError(f"batch size {x.shape[0]} is not divisible by the {n_data} devices of the "
+                         f"{DATA!r} axis")
+    parts = split_stages(params, self.labels, self.num_stages)
+    carries = [self._stage_carry(k, p) for k, p in enumerate(parts)]
+    self._layouts = [_layout(c) for c in carries]
+    self._stash_bytes = tuple(rb.tree_bytes(c[2]) if c[2] is not None else 0 for c in carries)
+    self._grad_layouts = [_layout(p) for p in parts]
+    self._widths, self._grad_widths = _widths(self._layouts), _widths(self._grad_layouts)
+    local_batch = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((x.shape[0] // n_data, *x.shape[1:]), x.dtype), example_batch)
+    act = jax.eval_shape(self.staged.stage_fns[0], parts[0], self.staged.inputs_of(local_batch))
+    self._act = act
+    self._message = (act, local_batch)
+    pk, pd = self.num_stages, n_data
+
+    def per_device(tree, lead=()):  # zeros of (P, D, *lead, *local) per leaf
+      return jax.tree.map(lambda s: jnp.zeros((pk, pd, *lead, *s.shape), s.dtype), tree)
+
+    packed = [_pack(c, lay, self._widths) for c, lay in zip(carries, self._layouts)]
+    carry = {d: jnp.broadcast_to(jnp.stack([p[d] for p in packed])[:, None], (pk, pd, w))
+             for d, w in self._widths.items()}
+    state = DevicePipelineState(
+        jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), carry,
+        per_device(self._message, (pk,)), per_device(self._message), per_device(act),
+        jnp.zeros((2, pk), jnp.result_type(float)))
+    return jax.device_put(state, self._state_shardings(state))
+
+  def _state_shardings(self, state):
+    device = NamedSharding(self.mesh, P(STAGE, DATA))
+    whole = NamedSharding(self.mesh, P())
+    return DevicePipelineState(whole, whole, *(jax.tree.map(lambda _: device, t) for t in state[2:6]), whole)
+
+  # ---- one device's phase ------------------------------------------------------------------------
+
+  def _branches(self):
+    """Per-device work of one phase: index 0 idle, 1 + k forward of stage k, 1 + P + k backward."""
+    pk, staged = self.num_stages, self.staged
+    zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
+    no_grads = lambda: {d: jnp.zeros((w,), d) for d, w in self._grad_widths.items()}
+    no_loss = lambda: jnp.zeros((), jnp.result_type(float))
+
+    def idle(carry, inbox, fwd, bwd, batch, m):
+      return carry, inbox, zeros(self._message), zeros(self._act), no_grads(), no_loss()
+
+    def forward(k):
+      def branch(carry, inbox, fwd, bwd, batch, m):
+        params, opt_state, stash = _unpack(carry, self._layouts[k])
+        slot = m % (self.delays[k] + 1)
+        message = (zeros(self._act), batch) if k == 0 else fwd
+        inbox = rb.ring_write(inbox, slot, message)
+        if stash is not None:
+          stash = rb.ring_write(stash, slot, params)
+          carry = _pack((params, opt_state, stash), self._layouts[k], self._widths)
+        if k == pk - 1:  # the last stage's forward is recomputed in its backward, one phase later
+          out = zeros(self._message)
+        else:
+          x = staged.inputs_of(message[1]) if k == 0 else message[0]
+          out = (staged.stage_fns[k](params, x), message[1])
+        return carry, inbox, out, zeros(self._act), no_grads(), no_loss()
+      return branch
+
+    def backward(k):
+      def branch(carry, inbox, fwd, bwd, batch, m):
+        params, _, stash = _unpack(carry, self._layouts[k])
+        act, mb = rb.ring_read(inbox, m % (self.delays[k] + 1))
+        weights = params if stash is None else rb.ring_read(stash, m % (self.delays[k] + 1))
+        f = staged.stage_fns[k]
+        x = staged.inputs_of(mb) if k == 0 else act
+        if k == pk - 1:
+          fn = lambda w, x: staged.loss_of(f(w, x), mb)
+          if k == 0:
+            loss, g = jax.value_and_grad(lambda w: fn(w, x))(weights)
+            cot = zeros(self._act)
+          else:
+            loss, (g, cot) = jax.value_and_grad(fn, argnums=(0, 1))(weights, x)
+        else:
+          loss = no_loss()
+          if k == 0:
+            _, vjp = jax.vjp(lambda w: f(w, x), weights)
+            (g,), cot = vjp(bwd), zeros(self._act)
+          else:
+            _, vjp = jax.vjp(f, weights, x)
+            g, cot = vjp(bwd)
+        grads = _pack(g, self._grad_layouts[k], self._grad_widths)
+        return carry, inbox, zeros(self._message), cot, grads, jnp.asarray(loss, jnp.result_type(float))
+      return branch
+
+    return [idle] + [forward(k) for k in range(pk)] + [backward(k) for k in range(pk)]
+
+  def _updates(self):
+    def idle(carry, grads):
+      return carry
+
+    def update(k):
+      def branch(carry, grads):
+        params, opt_state, stash = _unpack(carry, self._layouts[k])
+        g = _unpack(grads, self._grad_layouts[k])
+        updates, opt_state = self.optimizers[k].update(g, opt_state, params)
+        return _pack((optax.apply_updates(params, updates), opt_state, stash), self._layouts[k], self._widths)
+      return branch
+
+    return [idle] + [update(k) for k in range(self.num_stages)]
+
+  def _device_program(self, carry, inbox, fwd, bwd, batches, u0, c0, limit):
+    """The scan over one call's phases, as one device runs it (leading (1, 1) axes stripped)."""
+    pk = self.num_stages
+    squeeze = lambda t: jax.tree.map(lambda x: x[0, 0], t)
+    carry, inbox, fwd, bwd = squeeze((carry, inbox, fwd, bwd))
+    branches, updates = self._branches(), self._updates()
+    k = jax.lax.axis_index(STAGE)
+    num_chunk = jax.tree.leaves(batches)[0].shape[0]
+    to_next = [(i, i + 1) for i in range(pk - 1)]
+    to_prev = [(i + 1, i) for i in range(pk - 1)]
+
+    def phase(state, u):
+      carry, inbox, fwd, bwd = state
+      is_forward = (u - k) % 2 == 0
+      m = jnp.where(is_forward, (u - k) // 2, (u - 2 * pk + 1 + k) // 2)
+      valid = (m >= 0) & (m < limit)
+      index = jnp.where(valid, jnp.where(is_forward, 1 + k, 1 + pk + k), 0)
+      batch = jax.tree.map(lambda b: b[jnp.clip(m - c0, 0, num_chunk - 1)], batches)
+      carry, inbox, out, cot, grads, loss = jax.lax.switch(index, branches, carry, inbox, fwd, bwd, batch, m)
+      grads, loss = jax.lax.pmean((grads, loss), DATA)
+      is_backward = valid & ~is_forward
+      carry = jax.lax.switch(jnp.where(is_backward, 1 + k, 0), updates, carry, grads)
+      sq_norm = sum(jnp.sum(jnp.square(g.astype(loss.dtype))) for g in grads.values())
+      if pk > 1:
+        fwd = jax.lax.ppermute(out, STAGE, to_next)
+        bwd = jax.lax.ppermute(cot, STAGE, to_prev)
+      return (carry, inbox, fwd, bwd), (jnp.where(is_backward, m, -1), loss, sq_norm)
+
+    us = u0 + jnp.arange(2 * num_chunk, dtype=jnp.int32)
+    state, record = jax.lax.scan(phase, (carry, inbox, fwd, bwd), us)
+    expand = lambda t: jax.tree.map(lambda x: x[None, None], t)
+    return expand(state) + (expand(record),)
+
+  def _run_impl(self, state: DevicePipelineState, batches, feed):
+    pk = self.num_stages
+    num_chunk = jax.tree.leaves(batches)[0].shape[0]
+    limit = state.fed + jnp.where(feed, num_chunk, 0).astype(jnp.int32)
+    device, whole = P(STAGE, DATA), P()
+    batch_spec = jax.tree.map(lambda _: P(None, DATA), batches)
+    specs = (jax.tree.map(lambda _: device, state.carry), jax.tree.map(lambda _: device, state.inbox),
+             jax.tree.map(lambda _: device, state.fwd), jax.tree.map(lambda _: device, state.bwd))
+    program = jax.shard_map(
+        self._device_program, mesh=self.mesh, in_specs=specs + (batch_spec, whole, whole, whole),
+        out_specs=specs + ((device, device, device),), check_vma=False)
+    carry, inbox, fwd, bwd, (ms, losses, sq_norms) = program(
+        state.carry, state.inbox, state.fwd, state.bwd, batches, state.phase, state.fed, limit)
+    # Gather each micro-batch's loss (last stage) and squared gradient norm (all stages) in a window
+    # over the micro-batches that complete in this call and the P - 1 still in flight after it.
+    base = state.phase // 2 - (pk - 1)
+    ms, losses, sq_norms = ms[:, 0], losses[:, 0], sq_norms[:, 0]  # data replicas agree
+    idx = jnp.where(ms >= 0, ms - base, num_chunk + pk)  # out of range: dropped
+    window = jnp.zeros((2, num_chunk + pk), state.pending.dtype).at[:, :pk].set(state.pending)
+    is_last = (jnp.arange(pk) == pk - 1)[:, None]
+    window = window.at[0, idx].add(jnp.where(is_last, losses, 0.0), mode="drop")
+    window = window.at[1, idx].add(sq_norms, mode="drop")
+    steps = base + jnp.arange(num_chunk, dtype=jnp.int32)
+    done = (steps >= 0) & (steps < limit)
+    out = (steps, jnp.where(done, window[0, :num_chunk], jnp.nan),
+           jnp.where(done, jnp.sqrt(window[1, :num_chunk]), jnp.nan))
+    new = DevicePipelineState(state.phase + 2 * num_chunk, limit, carry, inbox, fwd, bwd,
+                              window[:, num_chunk:])
+    return new, out
+
+  # ---- public ----------------------------------------------------------------------------------
+
+  def run(self, state: DevicePipelineState, batches):
+    """Feeds a chunk of C micro-batches (leaves ``(C, batch, ...)``).
+
+    Returns:
+      ``(state, (steps, losses, grad_norms))``: the C micro-batch indices that completed in this call
+      (``fed - P + 1 .. fed + C - P``), the loss each observed and the global norm of its gradient
+      (all stages); entries for indices < 0 (pipeline fill) are NaN.
+    """
+    self._template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batches)
+    return self._run(state, batches, True)
+
+  def finish(self, state: DevicePipelineState):
+    """Drains the pipeline; returns ``(state, (steps, losses, grad_norms))`` of the micro-batches that
+    were still in flight (NumPy). Afterwards the stream is over: do not ``run`` it again."""
+    outs = []
+    fed = int(state.fed)
+    while int(state.phase) // 2 - (self.num_stages - 1) < fed:
+      dummy = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._template)
+      state, out = self._run(state, dummy, False)
+      outs.append(jax.tree.map(np.asarray, out))
+    if not outs:
+      return state, (np.zeros(0, np.int32), np.zeros(0), np.zeros(0))
+    steps, losses, norms = (np.concatenate(x) for x in zip(*outs))
+    keep = (steps >= 0) & (steps < fed)
+    return state, (steps[keep], losses[keep], norms[keep])
+
+  def lower(self, state: DevicePipelineState, batches):
+    """``jax.jit(...).lower`` of ``run`` (for XLA's cost and memory analyses)."""
+    return self._run.lower(state, batches, True)
+
+  def buffer_bytes(self, state: DevicePipelineState) -> int:
+    """Bytes of the weight stash over all stages (as ``Pipeline.buffer_bytes``: ``tau_k + 1``
+    versions of stage k), each stage's on its own devices."""
+    del state
+    return int(sum(self._stash_bytes))
+
+  def params(self, state: DevicePipelineState):
+    """Every stage's current weights, merged into the user's parameter tree (on the host)."""
+    carry = {d: np.asarray(x[:, 0]) for d, x in state.carry.items()}
+    parts = [_unpack({d: x[k] for d, x in carry.items()}, lay)[0] for k, lay in enumerate(self._layouts)]
+    return merge_stages(parts, self.labels)
+
+  def memory(self, state: DevicePipelineState) -> dict:
+    """Bytes each device holds: its packed carry (parameters, optimizer state, weight stash; padded
+    to the largest stage) and in-flight inputs; and each stage's exact weight-stash bytes."""
+    per_device = sum(x[0, 0].nbytes for x in state.carry.values())
+    per_device += sum(x[0, 0].nbytes for x in jax.tree.leaves(state.inbox))
+    return {"per_device": int(per_device), "stash_per_stage": list(self._stash_bytes)}
