@@ -111,6 +111,7 @@ class DevicePipelineState(NamedTuple):
 
   phase: jax.Array  # int32 (): phases run so far (two per micro-batch in steady state).
   fed: jax.Array  # int32 (): micro-batches stage 0 has taken in.
+  start: jax.Array  # int32 (): first micro-batch since the last flush (0 for one unbroken stream).
   carry: dict  # dtype name -> (P, D, L): stage k's (params, optimizer state, weight stash), packed.
   inbox: Any  # message tree, leaves (P, D, P, *local): inputs of micro-batches in flight, slot m % (tau_k+1).
   fwd: Any  # message tree, leaves (P, D, *local): what each stage received from stage k - 1.
@@ -185,7 +186,7 @@ class DevicePipeline:
     carry = {d: jnp.broadcast_to(jnp.stack([p[d] for p in packed])[:, None], (pk, pd, w))
              for d, w in self._widths.items()}
     state = DevicePipelineState(
-        jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), carry,
+        jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), carry,
         per_device(self._message, (pk,)), per_device(self._message), per_device(act),
         jnp.zeros((2, pk), jnp.result_type(float)))
     return jax.device_put(state, self._state_shardings(state))
@@ -193,7 +194,8 @@ class DevicePipeline:
   def _state_shardings(self, state):
     device = NamedSharding(self.mesh, P(STAGE, DATA))
     whole = NamedSharding(self.mesh, P())
-    return DevicePipelineState(whole, whole, *(jax.tree.map(lambda _: device, t) for t in state[2:6]), whole)
+    return DevicePipelineState(whole, whole, whole, *(jax.tree.map(lambda _: device, t) for t in state[3:7]),
+                               whole)
 
   # ---- one device's phase ------------------------------------------------------------------------
 
@@ -266,7 +268,7 @@ class DevicePipeline:
 
     return [idle] + [update(k) for k in range(self.num_stages)]
 
-  def _device_program(self, carry, inbox, fwd, bwd, batches, u0, c0, limit):
+  def _device_program(self, carry, inbox, fwd, bwd, batches, u0, c0, start, limit):
     """The scan over one call's phases, as one device runs it (leading (1, 1) axes stripped)."""
     pk = self.num_stages
     squeeze = lambda t: jax.tree.map(lambda x: x[0, 0], t)
@@ -281,7 +283,7 @@ class DevicePipeline:
       carry, inbox, fwd, bwd = state
       is_forward = (u - k) % 2 == 0
       m = jnp.where(is_forward, (u - k) // 2, (u - 2 * pk + 1 + k) // 2)
-      valid = (m >= 0) & (m < limit)
+      valid = (m >= start) & (m < limit)
       index = jnp.where(valid, jnp.where(is_forward, 1 + k, 1 + pk + k), 0)
       batch = jax.tree.map(lambda b: b[jnp.clip(m - c0, 0, num_chunk - 1)], batches)
       carry, inbox, out, cot, grads, loss = jax.lax.switch(index, branches, carry, inbox, fwd, bwd, batch, m)
@@ -308,10 +310,10 @@ class DevicePipeline:
     specs = (jax.tree.map(lambda _: device, state.carry), jax.tree.map(lambda _: device, state.inbox),
              jax.tree.map(lambda _: device, state.fwd), jax.tree.map(lambda _: device, state.bwd))
     program = jax.shard_map(
-        self._device_program, mesh=self.mesh, in_specs=specs + (batch_spec, whole, whole, whole),
+        self._device_program, mesh=self.mesh, in_specs=specs + (batch_spec, whole, whole, whole, whole),
         out_specs=specs + ((device, device, device),), check_vma=False)
     carry, inbox, fwd, bwd, (ms, losses, sq_norms) = program(
-        state.carry, state.inbox, state.fwd, state.bwd, batches, state.phase, state.fed, limit)
+        state.carry, state.inbox, state.fwd, state.bwd, batches, state.phase, state.fed, state.start, limit)
     # Gather each micro-batch's loss (last stage) and squared gradient norm (all stages) in a window
     # over the micro-batches that complete in this call and the P - 1 still in flight after it.
     base = state.phase // 2 - (pk - 1)
@@ -322,10 +324,10 @@ class DevicePipeline:
     window = window.at[0, idx].add(jnp.where(is_last, losses, 0.0), mode="drop")
     window = window.at[1, idx].add(sq_norms, mode="drop")
     steps = base + jnp.arange(num_chunk, dtype=jnp.int32)
-    done = (steps >= 0) & (steps < limit)
+    done = (steps >= state.start) & (steps < limit)
     out = (steps, jnp.where(done, window[0, :num_chunk], jnp.nan),
            jnp.where(done, jnp.sqrt(window[1, :num_chunk]), jnp.nan))
-    new = DevicePipelineState(state.phase + 2 * num_chunk, limit, carry, inbox, fwd, bwd,
+    new = DevicePipelineState(state.phase + 2 * num_chunk, limit, state.start, carry, inbox, fwd, bwd,
                               window[:, num_chunk:])
     return new, out
 
@@ -343,18 +345,19 @@ class DevicePipeline:
     return self._run(state, batches, True)
 
   def finish(self, state: DevicePipelineState):
-    """Drains the pipeline; returns ``(state, (steps, losses, grad_norms))`` of the micro-batches that
-    were still in flight (NumPy). Afterwards the stream is over: do not ``run`` it again."""
-    outs = []
+    """Flushes the pipeline: the ``2(P - 1)`` phases in which stage 0 takes no input and the
+    micro-batches in flight complete. Returns ``(state, (steps, losses, grad_norms))`` of those
+    micro-batches (NumPy). Every stage has then applied every micro-batch; a later ``run`` starts a
+    new fill, as a synchronous pipeline does after its flush (PipeDream-Flush, GPipe)."""
     fed = int(state.fed)
-    while int(state.phase) // 2 - (self.num_stages - 1) < fed:
-      dummy = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._template)
-      state, out = self._run(state, dummy, False)
-      outs.append(jax.tree.map(np.asarray, out))
-    if not outs:
+    if self.num_stages == 1:
       return state, (np.zeros(0, np.int32), np.zeros(0), np.zeros(0))
-    steps, losses, norms = (np.concatenate(x) for x in zip(*outs))
-    keep = (steps >= 0) & (steps < fed)
+    drain = jax.tree.map(lambda s: jnp.zeros((self.num_stages - 1, *s.shape[1:]), s.dtype), self._template)
+    state, out = self._run(state, drain, False)
+    steps, losses, norms = (np.asarray(x) for x in out)
+    keep = (steps >= int(state.start)) & (steps < fed)
+    fresh = jnp.asarray(fed, jnp.int32)
+    state = state._replace(phase=2 * fresh, start=fresh, pending=jnp.zeros_like(state.pending))
     return state, (steps[keep], losses[keep], norms[keep])
 
   def lower(self, state: DevicePipelineState, batches):
