@@ -358,7 +358,7 @@ class DevicePipeline:
     keep = (steps >= int(state.start)) & (steps < fed)
     fresh = jnp.asarray(fed, jnp.int32)
     state = state._replace(phase=2 * fresh, start=fresh, pending=jnp.zeros_like(state.pending))
-    return state, (steps[keep], losses[keep], norms[keep])
+    return jax.device_put(state, self._state_shardings(state)), (steps[keep], losses[keep], norms[keep])
 
   def lower(self, state: DevicePipelineState, batches):
     """``jax.jit(...).lower`` of ``run`` (for XLA's cost and memory analyses)."""
