@@ -47,12 +47,49 @@ def descending_order(q, sq):
   return jnp.argsort(-lam, stable=True)
 
 
-def orthonormalize(a):
-  """``qr(a).Q`` with a square (complete) Q: one step of orthogonal (power) iteration."""
+ORTHONORMALIZATIONS = ("qr", "cholesky_qr")
+CHOLESKY_QR_TOLERANCE = 1e-3  # max |Q^T Q - I| accepted before falling back to QR
+
+
+def orthonormalize(a, method: str = "qr"):
+  """The complete ``Q`` (k, k) of ``a = QR`` for ``a`` (k, n): one step of orthogonal (power)
+  iteration. Its first j columns span ``a``'s first j columns (j <= min(k, n)), whichever
+  ``method`` (``ORTHONORMALIZATIONS``) computes it; the rest (n < k) complete the basis."""
+  if method == "cholesky_qr":
+    return cholesky_qr(a)
   return jnp.linalg.qr(a, mode="complete")[0]
 
 
-def warm_refresh_second(q, stat, nu, axis):
+def cholesky_qr(a, passes: int = 3):
+  """``Q`` of ``a = QR`` from matmuls, Cholesky factors and triangular solves (no Householder QR).
+
+  Shifted Cholesky-QR3 (Fukaya, Kannan, Nakatsukasa, Yamamoto, Yanagisawa, SIAM J. Sci. Comput.
+  2020): ``G = A^T A + s I`` with ``s = 11 (k^2 + k (k + 1)) u ||A||_F^2``, ``R = chol(G)^T``,
+  ``A <- A R^{-1}``, then two unshifted passes. Each ``R`` is upper triangular, so column j of Q
+  stays in the span of ``a``'s first j + 1 columns, as with QR; only column signs may differ (the
+  rotation re-expresses its moments exactly in any new basis). A tall ``a`` (k, n < k; the first-order
+  bilateral step of a non-square matrix) needs k - n completing columns, and the update depends on
+  which: it uses QR, whose completion the paper's code has. A result that is not finite or not
+  orthonormal to ``CHOLESKY_QR_TOLERANCE`` (``a`` numerically rank-deficient: nothing spans the
+  missing directions) falls back to Householder QR under ``lax.cond``.
+  """
+  k, n = a.shape
+  if n < k:  # tall: the completing columns are Householder's choice (the paper's), so QR it is
+    return jnp.linalg.qr(a, mode="complete")[0]
+  a = a[:, :k]  # the complete Q of a wide matrix depends only on its first k columns
+  eye = jnp.eye(k, dtype=a.dtype)
+  shift = 11.0 * (k * k + k * (k + 1)) * jnp.finfo(a.dtype).eps * jnp.sum(a * a)
+  q = a
+  for i in range(passes):
+    gram = mm(q.T, q) + (shift * eye if i == 0 else 0.0)
+    r = jnp.linalg.cholesky(gram).T  # upper triangular, gram = R^T R
+    q = jax.scipy.linalg.solve_triangular(r, q.T, trans="T", lower=False).T  # q R^{-1}
+  error = jnp.max(jnp.abs(mm(q.T, q) - eye))
+  good = jnp.all(jnp.isfinite(q)) & (error < CHOLESKY_QR_TOLERANCE)
+  return jax.lax.cond(good, lambda: q, lambda: jnp.linalg.qr(a, mode="complete")[0])
+
+
+def warm_refresh_second(q, stat, nu, axis, method: str = "qr"):
   """Warm refresh of one side from its second-order statistic.
 
   ``lam = diag(Q^T S Q)``; sort descending; permute ``nu`` along ``axis``; ``Q <- qr(S Q).Q``.
@@ -62,10 +99,10 @@ def warm_refresh_second(q, stat, nu, axis):
   """
   sq = mm(stat, q)
   order = descending_order(q, sq)
-  return orthonormalize(sq[:, order]), jnp.take(nu, order, axis=axis)  # S (Q P) = (S Q) P
+  return orthonormalize(sq[:, order], method), jnp.take(nu, order, axis=axis)  # S (Q P) = (S Q) P
 
 
-def first_order_bases(m, ql, qr, nu, step="paper"):
+def first_order_bases(m, ql, qr, nu, step="paper", method: str = "qr"):
   """Warm refresh of the rotated sides (``None``: not rotated) from the look-ahead momentum ``M``.
 
   Each rotated side is sorted by its eigenvalue estimate, ``||M^T q||^2`` (left) or ``||M q||^2``
@@ -88,15 +125,15 @@ def first_order_bases(m, ql, qr, nu, step="paper"):
     order = jnp.argsort(-jnp.sum(mq * mq, axis=0), stable=True)
     qr, mq, nu = qr[:, order], mq[:, order], jnp.take(nu, order, axis=1)
   if ql is not None and qr is not None:
-    return orthonormalize(mq), orthonormalize(mtq), nu
+    return orthonormalize(mq, method), orthonormalize(mtq, method), nu
   if ql is not None:
     if step == "power":
-      return orthonormalize(mm(m, mtq)), None, nu
+      return orthonormalize(mm(m, mtq), method), None, nu
     cols = jnp.argsort(-jnp.sum(m * m, axis=0), stable=True)
-    return orthonormalize(m[:, cols]), None, nu
+    return orthonormalize(m[:, cols], method), None, nu
   if qr is not None:
     if step == "power":
-      return None, orthonormalize(mm(m.T, mq)), nu
+      return None, orthonormalize(mm(m.T, mq), method), nu
     rows = jnp.argsort(-jnp.sum(m * m, axis=1), stable=True)
-    return None, orthonormalize(m[rows, :].T), nu
+    return None, orthonormalize(m[rows, :].T, method), nu
   return ql, qr, nu

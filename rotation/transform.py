@@ -216,6 +216,8 @@ def scale_by_basis_rotation(
     mask: None | Any | Callable[[Any], Any] = None,
     first_order_step: str = "paper",
     stagger: bool = False,
+    orthonormalization: str = "qr",
+    batch_refresh: bool | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Runs ``inner`` in a rotated (Kronecker-factored) eigenbasis of every selected matrix.
 
@@ -265,6 +267,13 @@ def scale_by_basis_rotation(
       n matrices at steps ``t`` with ``(t - r * T // n) % T == 0``), so that no step pays every
       refresh at once; each matrix still refreshes once every ``T`` steps. Matrices with different
       offsets are not batched together. Default: the paper's schedule (all at ``t % T == 0``).
+    orthonormalization: how a warm refresh orthonormalises (``eigenbasis.ORTHONORMALIZATIONS``):
+      ``"qr"`` (Householder QR, the default) or ``"cholesky_qr"`` (shifted Cholesky-QR3: matmuls,
+      Cholesky factors and triangular solves, fast on accelerators where QR is slow; it falls back to
+      QR for a numerically rank-deficient input). Both give bases with the same nested column spans.
+    batch_refresh: refresh a group's same-shape matrices in one batched call (``vmap``) rather than
+      one at a time (``lax.map``). ``None``: batched except on CPU, where concurrent batched LAPACK
+      kernels (eigh, QR, SVD) can deadlock XLA's thread pool.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is ``BasisRotationState``.
@@ -279,6 +288,9 @@ def scale_by_basis_rotation(
     raise ValueError(f"unknown geometry {geometry!r}; choose from {GEOMETRIES}")
   if first_order_step not in FIRST_ORDER_STEPS:
     raise ValueError(f"unknown first_order_step {first_order_step!r}; choose from {FIRST_ORDER_STEPS}")
+  if orthonormalization not in eb.ORTHONORMALIZATIONS:
+    raise ValueError(f"unknown orthonormalization {orthonormalization!r}; choose from "
+                     f"{eb.ORTHONORMALIZATIONS}")
   _check_int_periods(refresh_every)
   if isinstance(eps, (int, float)) and eps < 0:
     raise ValueError(f"eps must be >= 0, got {eps}")
@@ -363,27 +375,30 @@ def scale_by_basis_rotation(
     if second:
       new_l, new_r, new_nu = ql, qr, nu
       if ql is not None:
-        new_l, new_nu = eb.warm_refresh_second(ql, sl, new_nu, axis=0)
+        new_l, new_nu = eb.warm_refresh_second(ql, sl, new_nu, axis=0, method=orthonormalization)
       if qr is not None:
-        new_r, new_nu = eb.warm_refresh_second(qr, sr, new_nu, axis=1)
+        new_r, new_nu = eb.warm_refresh_second(qr, sr, new_nu, axis=1, method=orthonormalization)
     else:
       look_ahead = b1 * _rotate_out(mu, ql, qr) + (1 - b1) * g
-      new_l, new_r, new_nu = eb.first_order_bases(look_ahead, ql, qr, nu, first_order_step)
+      new_l, new_r, new_nu = eb.first_order_bases(look_ahead, ql, qr, nu, first_order_step,
+                                                  orthonormalization)
     return guarded(g, ql, qr, mu, nu, new_l, new_r, new_nu, _rotate_in(g, new_l, new_r))
 
   def group_step(count, plan_g, group, g, mu, nu):
     """A group of k same-shape matrices: statistics, refresh under lax.switch, rotation in.
 
-    Refreshes loop over the matrices with ``lax.map`` rather than batching them: batched CPU
-    LAPACK kernels (eigh, QR, SVD) can deadlock XLA's thread pool when several run concurrently.
+    Refreshes loop over the matrices with ``lax.map`` or run batched (``vmap``): see
+    ``batch_refresh``.
     """
+    batched = jax.default_backend() != "cpu" if batch_refresh is None else batch_refresh
+    each = jax.vmap if batched else (lambda f: lambda a: jax.lax.map(f, a))
     sl, sr = jax.vmap(statistics)(g, group.stat_left, group.stat_right)
     args = (g, group.left, group.right, sl, sr, mu, nu)
     keep = lambda a: (a[1], a[2], a[5], a[6], jax.vmap(_rotate_in)(a[0], a[1], a[2]))
     warm_now = (count > 1) & ((count - plan_g.offset) % plan_g.period == 0)
     branch = jnp.where(count == 1, 1, jnp.where(warm_now, 2, 0))
     ql, qr, mu, nu, g_rot = jax.lax.switch(
-        branch, [keep, lambda a: jax.lax.map(cold, a), lambda a: jax.lax.map(warm, a)], args)
+        branch, [keep, each(cold), each(warm)], args)
     return g_rot, group._replace(left=ql, right=qr, stat_left=sl, stat_right=sr), mu, nu
 
   def update_fn(updates, state, params=None, **extra_args):
@@ -435,6 +450,8 @@ def basis_rotation(
     weight_decay_mask: None | Any | Callable[[Any], Any] = None,
     first_order_step: str = "paper",
     stagger: bool = False,
+    orthonormalization: str = "qr",
+    batch_refresh: bool | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW in a rotated eigenbasis: the paper's optimizer as an optax alias.
 
@@ -458,6 +475,8 @@ def basis_rotation(
     first_order_step: ``"paper"`` or ``"power"``; see ``scale_by_basis_rotation``.
     stagger: spread the refreshes of different matrices over the period; see
       ``scale_by_basis_rotation``.
+    orthonormalization: ``"qr"`` or ``"cholesky_qr"``; see ``scale_by_basis_rotation``.
+    batch_refresh: batch the refresh of same-shape matrices; see ``scale_by_basis_rotation``.
 
   Returns:
     The chained ``optax.GradientTransformationExtraArgs``.
@@ -466,7 +485,8 @@ def basis_rotation(
       scale_by_basis_rotation(source=source, geometry=geometry, refresh_every=refresh_every,
                               b1=b1, b2=b2, eps=eps, shampoo_beta=shampoo_beta,
                               max_precond_dim=max_precond_dim, mask=mask,
-                              first_order_step=first_order_step, stagger=stagger),
+                              first_order_step=first_order_step, stagger=stagger,
+                              orthonormalization=orthonormalization, batch_refresh=batch_refresh),
       optax.add_decayed_weights(weight_decay, weight_decay_mask),
       optax.scale_by_learning_rate(learning_rate),
   )

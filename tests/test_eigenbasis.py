@@ -74,3 +74,30 @@ def test_first_order_unilateral_steps():
   for _ in range(40):
     ql, _, _ = eb.first_order_bases(m, ql, None, jnp.zeros((5, 9)), "power")
   np.testing.assert_allclose(np.abs(np.asarray(ql).T @ u), np.eye(5), atol=1e-3)
+
+
+def _nested_spans_agree(a, atol):
+  """Both orthonormalisations: orthonormal, and Q_qr^T Q_chol is diagonal with entries +-1 on the
+  columns that ``a`` spans (the same nested subspaces, up to column signs)."""
+  a = jnp.asarray(a, jnp.float32)
+  q_qr = np.asarray(eb.orthonormalize(a, "qr"))
+  q_ch = np.asarray(jax.jit(eb.cholesky_qr)(a))
+  k = min(a.shape)
+  np.testing.assert_allclose(q_ch.T @ q_ch, np.eye(a.shape[0]), atol=1e-5)
+  np.testing.assert_allclose(np.abs(np.diag(q_qr.T @ q_ch))[:k], 1.0, atol=atol)
+
+
+def test_cholesky_qr_spans_the_subspaces_of_qr():
+  rng = np.random.default_rng(3)
+  for shape in ((16, 16), (8, 20), (20, 8)):  # square, wide, tall (QR itself)
+    _nested_spans_agree(rng.normal(size=shape), atol=1e-5)
+  stat, _ = _psd(24, ratio=1.8, seed=4)  # eigenvalues spread over 1e6: S Q is ill-conditioned
+  q0 = np.linalg.qr(rng.normal(size=(24, 24)))[0]
+  _nested_spans_agree(stat @ q0, atol=1e-4)
+
+
+def test_cholesky_qr_falls_back_to_qr_when_rank_deficient():
+  a = np.random.default_rng(5).normal(size=(8, 8))
+  a[:, 3] = 0.0  # no matmul of a spans a fourth direction: Cholesky-QR fails, QR completes the basis
+  q = np.asarray(jax.jit(eb.cholesky_qr)(jnp.asarray(a, jnp.float32)))
+  np.testing.assert_allclose(q, np.asarray(eb.orthonormalize(jnp.asarray(a, jnp.float32))), atol=1e-6)

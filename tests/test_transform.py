@@ -119,6 +119,23 @@ def test_matches_numpy_reference(source, geometry, shape, step):
   assert np.abs(adamw - ref).max() > 1e-3
 
 
+@pytest.mark.parametrize("source,geometry,shape,step,batch", [
+    ("second", "bilateral", (6, 10), "paper", True), ("second", "unilateral", (10, 6), "paper", False),
+    ("first", "bilateral", (10, 6), "paper", False), ("first", "unilateral", (6, 10), "paper", True),
+    ("first", "unilateral", (10, 6), "power", False)])
+def test_cholesky_qr_and_batched_refresh_match_the_qr_reference(source, geometry, shape, step, batch):
+  # Cholesky-QR's bases differ from Householder QR's in column signs only; the rotation's update does
+  # not depend on them (moments are re-expressed exactly), so the float64 QR reference still holds.
+  grads = gradient_sequence(shape, 30, seed=hash((source, geometry, shape, 1)) % 2**32)
+  w0 = np.random.default_rng(1).normal(size=shape)
+  opt = rotation.basis_rotation(LR, source=source, geometry=geometry, refresh_every=5,
+                                first_order_step=step, orthonormalization="cholesky_qr",
+                                batch_refresh=batch)
+  ours, _ = run(opt, w0, grads)
+  ref = reference(w0, grads, source=source, geometry=geometry, period=5, first_order_step=step)
+  np.testing.assert_allclose(ours, ref, atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("source", ["second", "first"])
 @pytest.mark.parametrize("geometry", ["bilateral", "unilateral"])
 def test_exact_first_step_on_square_matrices(source, geometry):
@@ -384,6 +401,7 @@ def test_flax_nnx_optimizer_on_transformer():
     ({"refresh_every": 0}, "refresh_every must be a Python int >= 1.*got 0"),
     ({"refresh_every": {"w": -2}}, "got -2"),
     ({"eps": -1e-8}, "eps must be >= 0, got -1e-08"),
+    ({"orthonormalization": "svd"}, "unknown orthonormalization 'svd'"),
 ])
 def test_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
