@@ -100,6 +100,14 @@ def main(argv=None):
   print(f"memory per device (XLA: arguments + temporaries): devices {dev_memory / 2**20:.2f} MiB, "
         f"emulator's one device {_memory(emu_compiled) / 2**20:.2f} MiB "
         f"(ratio {dev_memory / max(_memory(emu_compiled), 1):.3f})")
+  import pipeline_sim as ps
+  mesh = ps.data_mesh(devices)
+  data_batches = ps.shard_batches(batches, mesh)
+  fsdp_state = ps.fsdp(emu.init(emu_state.params), mesh)
+  replicated = _memory(emu.run.lower(ps.replicate(emu.init(emu_state.params), mesh), data_batches).compile())
+  sharded = _memory(emu.run.lower(fsdp_state, data_batches).compile())
+  print(f"emulator data-parallel over {len(devices)} devices, memory per device: replicated state "
+        f"{replicated / 2**20:.2f} MiB, fsdp {sharded / 2**20:.2f} MiB (ratio {sharded / replicated:.3f})")
   stash = np.asarray(mem["stash_per_stage"])
   print(f"weight stash per stage (tau_k + 1 versions): {', '.join(f'{b / 2**10:.0f}' for b in stash)} KiB; "
         f"largest on one device {stash.max() / 2**10:.0f} KiB vs the emulator's rings "

@@ -40,6 +40,9 @@ def optimizers(refresh_every):
   return {"adamw": optax.adamw(1e-3, weight_decay=0.01),
           "rotation": rotation.basis_rotation(1e-3, refresh_every=refresh_every,
                                               mask=model_lib.rotation_mask),
+          "rotation, cholesky_qr": rotation.basis_rotation(1e-3, refresh_every=refresh_every,
+                                                           mask=model_lib.rotation_mask,
+                                                           orthonormalization="cholesky_qr"),
           # Only the cold start: the per-step work alone (statistics and rotations).
           "rotation, no warm refresh": rotation.basis_rotation(1e-3, refresh_every=10**9,
                                                                mask=model_lib.rotation_mask)}
@@ -62,6 +65,33 @@ def bench_update(params, refresh_every, steps, rounds=3):
     per = _time(compiled, (jax.tree.map(jnp.copy, params), state), steps, rounds)
     out[name] = {"seconds": per, "flops": flops, "compile": compile_s}
   return out
+
+
+def rotation_flops(params, refresh_every) -> float:
+  """Useful FLOPs per step of the default rotation (second order, bilateral), averaged over a
+  refresh period, counted from the shapes: per rotated (m, n) matrix and step, the statistics
+  ``G G^T``, ``G^T G`` and the rotations in and out, ``6 (m^2 n + m n^2)``; per warm refresh and side
+  k, ``S Q`` (2 k^3), Householder QR with its complete Q (8/3 k^3) and re-expressing the first moment
+  (2 k^3 + 2 m n k)."""
+  total = 0.0
+  for leaf, rotate in zip(jax.tree.leaves(params), jax.tree.leaves(model_lib.rotation_mask(params))):
+    if not rotate:
+      continue
+    m, n = leaf.shape
+    total += 6.0 * (m * m * n + m * n * n)
+    total += sum(2 * k**3 + 8 / 3 * k**3 + 2 * k**3 + 2 * m * n * k for k in (m, n)) / refresh_every
+  return total
+
+
+def matmul_rate(sizes, steps=20) -> float:
+  """FLOP/s of plain float32 matmuls (k, k) @ (k, k) over ``sizes``, best size."""
+  best = 0.0
+  for k in sizes:
+    a = jnp.ones((k, k), jnp.float32) / k
+    f = jax.jit(lambda x: (jnp.matmul(x, a, precision=jax.lax.Precision.HIGHEST),))
+    seconds = _time(f, (a,), steps)
+    best = max(best, 2.0 * k**3 / seconds)
+  return best
 
 
 def bench_train_step(cfg, refresh_every, steps, batch_size):
@@ -156,10 +186,18 @@ def main(argv=None):
   for name, params, steps, rounds in cases:
     r = bench_update(params, args.refresh_every, steps, rounds)
     a, b, c = r["adamw"], r["rotation"], r["rotation, no warm refresh"]
+    ch = r["rotation, cholesky_qr"]
     print(f"{name} update alone: rotation / adamw = {b['seconds'] / a['seconds']:.2f}x "
-          f"(without warm refreshes {c['seconds'] / a['seconds']:.2f}x); "
+          f"(without warm refreshes {c['seconds'] / a['seconds']:.2f}x; orthonormalization cholesky_qr "
+          f"{ch['seconds'] / a['seconds']:.2f}x); "
           f"XLA FLOPs per step {b['flops']:.3g} vs {a['flops']:.3g} (extra {b['flops'] - a['flops']:.3g}, "
           f"cond branches counted once); compile {b['compile']:.1f}s vs {a['compile']:.1f}s")
+    sides = sorted({k for leaf in jax.tree.leaves(params) if leaf.ndim == 2 for k in leaf.shape})
+    rate = matmul_rate([k for k in sides if k >= 64][-2:] or sides[-1:])
+    useful = rotation_flops(params, args.refresh_every)
+    print(f"{name} update alone: {useful:.3g} useful FLOPs per step (shapes; refresh averaged) at "
+          f"{useful / b['seconds']:.3g} FLOP/s = {useful / b['seconds'] / rate:.1%} of plain matmul "
+          f"({rate:.3g} FLOP/s); with cholesky_qr {useful / ch['seconds'] / rate:.1%}")
 
 
 if __name__ == "__main__":

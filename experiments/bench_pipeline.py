@@ -2,7 +2,8 @@
 
 Measured in one run on the CPU preset model with AdamW: ``weight_stashing`` and
 ``stale_gradients`` at P = 8 and at the largest P the model allows, as ratios to a plain jitted
-training step (same scan, no buffers), plus the ring buffers' memory.
+training step (same scan, no buffers), plus the ring buffers' memory; and with basis rotation
+(refresh every 10), the step and compile time at the largest P against P = 1.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import optax
 
 import pipeline_sim as ps
+import rotation
 from experiments import data as data_lib
 from experiments import model as model_lib
 
@@ -65,6 +67,19 @@ def main(argv=None):
       nbytes = pipe.buffer_bytes(state)
       print(f"P={stages:<3d} {mode:<16s} step time / plain = {t / plain:.3f}x; "
             f"buffers {nbytes / 2**20:.2f} MiB = {nbytes / (4 * n_params):.2f} x params")
+  rot = rotation.basis_rotation(1e-3, refresh_every=10, mask=model_lib.rotation_mask)
+  timing = {}
+  for stages in (1, cfg.num_blocks):
+    pipe = ps.Pipeline(loss_fn, rot, model_lib.stage_labels(params, stages), "weight_stashing")
+    state = pipe.init(params)
+    t0 = time.perf_counter()
+    compiled = pipe.run.lower(state, batches).compile()
+    compile_s = time.perf_counter() - t0
+    t, _ = _per_step(compiled, state, batches, args.repeats)
+    timing[stages] = (t, compile_s)
+  (t1, c1), (tp, cp) = timing[1], timing[cfg.num_blocks]
+  print(f"rotation, weight stashing: step time P={cfg.num_blocks} / P=1 = {tp / t1:.3f}x; "
+        f"compile time {cp / c1:.2f}x ({cp:.1f}s vs {c1:.1f}s)")
 
 
 if __name__ == "__main__":

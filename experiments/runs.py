@@ -67,6 +67,8 @@ class RunConfig:
     weight_decay: decoupled weight decay of every method.
     moe_loss_weight: weight of the mixture-of-experts load-balancing loss.
     refresh_every: basis refresh period of rotation methods; ``None`` uses the method's own.
+    fsdp: shard the emulated pipeline's state (weights, optimizer states, rings) over the data
+      devices instead of replicating it (``pipeline_sim.fsdp``); same numbers to float round-off.
     dtype: activations and matmuls, ``float32`` or ``bfloat16`` (parameters and optimizer states
       stay float32).
     chunk: steps per jit-compiled scan (progress, checkpoint and evaluation granularity).
@@ -96,6 +98,7 @@ class RunConfig:
   moe_loss_weight: float = 0.01
   refresh_every: int | None = None
   dtype: str = "float32"
+  fsdp: bool = False
   chunk: int = 50
   eval_every: int = 250
   eval_batches: int = 4
@@ -109,6 +112,7 @@ class RunConfig:
     blocks += f"-C{self.context}" if self.context else ""
     blocks += "-bf16" if self.dtype == "bfloat16" else ""
     blocks += "-devices" if self.execution == "devices" else ""
+    blocks += "-fsdp" if self.fsdp else ""
     tag = f"_{self.tag}" if self.tag else ""
     return (f"{self.model}{blocks}_{self.mode}_{self.method}_P{self.stages}_lr{self.lr:g}"
             f"_n{self.steps}_s{self.seed}{tag}")
@@ -127,6 +131,8 @@ class RunConfig:
       raise ValueError(f"unknown mode {self.mode!r}; choose from {ps.MODES}")
     if self.execution not in EXECUTIONS:
       raise ValueError(f"unknown execution {self.execution!r}; choose from {EXECUTIONS}")
+    if self.execution == "devices" and self.fsdp:
+      raise ValueError("fsdp applies to the emulated execution (on devices each stage holds its own state)")
     if self.execution == "devices" and self.mode not in ps.DEVICE_MODES:
       raise ValueError(f"mode {self.mode!r} has no device execution; choose from {ps.DEVICE_MODES}")
     model_lib.blocks_per_stage(self.num_blocks or model_lib.CONFIGS[self.model].num_blocks, self.stages)
@@ -149,7 +155,7 @@ class RunConfig:
 
 # Options added after runs were recorded, left out of the identity while at the value that means
 # "not used", so that adding an option never invalidates finished runs that do not use it.
-OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated"}
+OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False}
 
 
 def identity(config: RunConfig, data_sha256: str, vocab_size: int) -> dict:
@@ -335,7 +341,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
   pipe, state, graphdef, loss_fn = build(config, ds, devices)
   on_devices = isinstance(pipe, ps.DevicePipeline)
   if not on_devices:
-    state = ps.replicate(state, mesh)
+    state = ps.fsdp(state, mesh) if config.fsdp else ps.replicate(state, mesh)
   context = config.model_config(ds.vocab_size).context
   valid = [ds.batch(10_000 + config.seed, j, config.batch_size, context, split="valid")
            for j in range(config.eval_batches)]

@@ -63,6 +63,8 @@ def parse_args(argv=None):
   parser.add_argument("--execution", choices=runs.EXECUTIONS, help="emulated (default: one program "
                       "computes every stage) or devices (stage k on device k, 1F1B with ppermute; the "
                       "device count must be a multiple of every P)")
+  parser.add_argument("--fsdp", action="store_true", help="shard the emulated pipeline's state over "
+                      "the data devices (fully sharded data parallelism) instead of replicating it")
   parser.add_argument("--ablations", nargs="*", help="ablation groups (default: the preset's): "
                       + "; ".join(f"{k}: {v.description}" for k, v in ablations_lib.ABLATIONS.items()))
   parser.add_argument("--out", help="results folder (default results/<preset>)")
@@ -128,6 +130,8 @@ def make_preset(args) -> presets_lib.Preset:
     over["dtype"] = args.dtype
   if args.execution is not None:
     over["execution"] = args.execution
+  if args.fsdp:
+    over["fsdp"] = True
   if args.warmup is not None:
     if not 0 <= args.warmup < 1:
       raise ValueError(f"--warmup must be in [0, 1), got {args.warmup}")

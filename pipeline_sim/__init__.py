@@ -20,11 +20,11 @@ from pipeline_sim.delays import (
 from pipeline_sim.devices import DEVICE_MODES, DevicePipeline, DevicePipelineState, pipeline_mesh
 from pipeline_sim.driver import MODES, Pipeline, PipelineState
 from pipeline_sim.gradients import Staged, no_stashing_value_and_grad
-from pipeline_sim.sharding import data_mesh, replicate, shard_batches
+from pipeline_sim.sharding import data_mesh, fsdp, replicate, shard_batches
 
 __all__ = [
     "DEVICE_MODES", "DevicePipeline", "DevicePipelineState", "MODES", "Pipeline", "PipelineState",
-    "Staged", "check_labels", "data_mesh", "leaf_delays", "merge_stages", "nesterov",
+    "Staged", "check_labels", "data_mesh", "fsdp", "leaf_delays", "merge_stages", "nesterov",
     "nesterov_stage_b1", "no_stashing_value_and_grad", "num_stages_of", "per_stage", "pipedream",
     "pipedream_lr", "pipeline_mesh", "pipemare_lr_schedule", "replicate", "scale_by_nadam_torch",
     "shard_batches", "split_stages", "stage_delays"

@@ -29,6 +29,21 @@ def replicate(tree, mesh: Mesh):
   return jax.device_put(tree, NamedSharding(mesh, P()))
 
 
+def fsdp(tree, mesh: Mesh):
+  """``tree`` sharded along ``data`` (fully sharded data parallelism): each leaf split on its largest
+  axis that the device count divides, a leaf with no such axis replicated. ``jit`` then gathers
+  each weight where a step needs it and keeps the state (weights, optimizer states, rings) at
+  about 1/D of its size per device."""
+  def put(x):
+    spec = [None] * x.ndim
+    axes = [a for a in sorted(range(x.ndim), key=lambda a: -x.shape[a]) if x.shape[a] % mesh.size == 0]
+    if axes and mesh.size > 1:
+      spec[axes[0]] = DATA
+    return jax.device_put(x, NamedSharding(mesh, P(*spec)))
+
+  return jax.tree.map(put, tree)
+
+
 def shard_batches(batches, mesh: Mesh, batch_axis: int = 1):
   """Arrays with a batch axis (default axis 1: ``(steps, batch, ...)`` chunks) split over ``data``.
 

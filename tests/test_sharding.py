@@ -31,6 +31,15 @@ config = runs.RunConfig(method="pipedream", stages=2, steps=20, batch_size=4, mo
 dev = runs.train(config, ds, out / "devices")
 log = [json.loads(l) for l in (out / "devices" / "metrics.jsonl").read_text().splitlines()]
 got["device_run"] = {"losses": dev["losses"], "val": dev["val_losses"], "log_steps": [r["step"] for r in log]}
+config = runs.RunConfig(method="rotation", stages=2, steps=20, batch_size=4, model="cpu-tiny", chunk=10,
+                        eval_every=10, eval_batches=1, checkpoint_every=10, fsdp=True)
+sharded = runs.train(config, ds, out / "fsdp")
+pipe, state, _, _ = runs.build(config, ds)
+state = ps.fsdp(state, ps.data_mesh())
+after, _ = pipe.run(state, ds.batches(0, 0, 10, 4, 32))
+kernel = [x for x in jax.tree.leaves(after.params) if x.ndim == 2 and x.shape[0] % 4 == 0][0]
+got["fsdp"] = {"losses": sharded["losses"], "shard": list(kernel.addressable_shards[0].data.shape),
+               "shape": list(kernel.shape)}
 inputs, _ = ps.shard_batches(ds.batches(0, 0, 10, 4, 32), ps.data_mesh())
 got["shards"] = [list(s.data.shape) for s in inputs.addressable_shards]
 try:
@@ -67,6 +76,14 @@ def test_four_devices_equal_one_and_the_batch_is_sharded():
     diff = max(abs(a - b) for a, b in zip(r["four"], r["one"]))
     assert diff < tolerance, (method, diff)
   assert "batch_size 6 is not divisible by the 4 devices" in got["error"]
+
+
+def test_fsdp_keeps_the_state_sharded_and_the_numbers():
+  got = _results()
+  r = got["fsdp"]
+  assert r["shard"][0] * 4 == r["shape"][0] and r["shard"][1:] == r["shape"][1:]  # 1/4 per device
+  diff = max(abs(a - b) for a, b in zip(r["losses"], got["rotation"]["four"]))
+  assert diff < TOLERANCE["rotation"], diff
 
 
 def test_a_run_on_the_device_pipeline_equals_the_emulated_run():
