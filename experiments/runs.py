@@ -181,7 +181,35 @@ def versions() -> dict:
   return out
 
 
+def is_primary() -> bool:
+  """Process 0 writes the run's files; with several processes (hosts) the others only compute."""
+  return jax.process_index() == 0
+
+
+def initialize_distributed(environ=os.environ) -> bool:
+  """``jax.distributed.initialize()`` when the environment describes several processes.
+
+  ``JAX_COORDINATOR_ADDRESS`` (host:port of process 0) with ``JAX_NUM_PROCESSES`` and
+  ``JAX_PROCESS_ID``; or a cluster that JAX detects by itself (SLURM, Open MPI, Cloud TPU) with more
+  than one task. On CPU the processes talk through Gloo. Returns whether it initialised.
+  """
+  tasks = max(int(environ.get(k, "1") or 1) for k in ("JAX_NUM_PROCESSES", "SLURM_NTASKS",
+                                                       "OMPI_COMM_WORLD_SIZE"))
+  if "JAX_COORDINATOR_ADDRESS" not in environ and tasks <= 1:
+    return False
+  if environ.get("JAX_PLATFORMS", "") == "cpu":
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  kwargs = {}
+  if "JAX_NUM_PROCESSES" in environ:
+    kwargs = {"num_processes": int(environ["JAX_NUM_PROCESSES"]),
+              "process_id": int(environ["JAX_PROCESS_ID"])}
+  jax.distributed.initialize(**kwargs)
+  return True
+
+
 def _write_json(path: pathlib.Path, obj) -> None:
+  if not is_primary():
+    return
   tmp = path.with_suffix(".tmp")
   tmp.write_text(json.dumps(obj, indent=1))
   os.replace(tmp, path)  # atomic: a crash never leaves a half-written result
@@ -324,7 +352,8 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
     ds: the dataset.
     run_dir: the run's folder (created); see ``run_name``.
     progress: optional ``tqdm``-like bar (``reset``, ``update``, ``set_postfix``) advanced by steps.
-    devices: the devices of the data mesh (default ``jax.local_devices()``).
+    devices: the devices of the data mesh (default ``jax.devices()``: every process's; the device
+      pipeline uses the local ones).
   """
   run_dir = pathlib.Path(run_dir)
   config.validate()
@@ -346,7 +375,8 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
   valid = [ds.batch(10_000 + config.seed, j, config.batch_size, context, split="valid")
            for j in range(config.eval_batches)]
   valid = ps.shard_batches(jax.tree.map(lambda *xs: np.stack(xs), *valid), mesh)
-  evaluate = jax.jit(lambda params: jnp.mean(jax.lax.map(lambda b: loss_fn(params, b), valid)))
+  mean_loss = jax.jit(lambda params, valid: jnp.mean(jax.lax.map(lambda b: loss_fn(params, b), valid)))
+  evaluate = lambda params: mean_loss(params, valid)  # valid is an argument: it may span several hosts
   lr_at = methods.schedule(config)
 
   losses = np.full(config.steps, np.nan, np.float32)
@@ -358,7 +388,8 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
   log = run_dir / "metrics.jsonl"
   if restored is None:
     val_losses[0] = float(evaluate(_params(pipe, state)))
-    log.write_text("")
+    if is_primary():
+      log.write_text("")
   else:
     step, state, losses, val_losses = restored
     losses, val_losses = losses.copy(), val_losses.copy()
@@ -376,6 +407,8 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
                 "seconds": seconds} for j, x, r, g in zip(done, chunk_losses, lrs, grad_norms)]
     if val_loss is not None and records:
       records[-1]["val_loss"] = val_loss
+    if not is_primary():
+      return bool(np.all(np.isfinite(chunk_losses)))
     with open(log, "a") as f:
       f.writelines(json.dumps(r) + "\n" for r in records)
     return bool(np.all(np.isfinite(chunk_losses)))
@@ -462,7 +495,7 @@ def estimate(config: RunConfig, ds: Dataset) -> dict:
 
 def _truncate_log(log: pathlib.Path, step: int) -> None:
   """Drops lines past ``step`` (written after the checkpoint a run resumes from)."""
-  if not log.exists():
+  if not log.exists() or not is_primary():
     return
   keep = []
   for line in log.read_text().splitlines():

@@ -282,6 +282,7 @@ def deviations(preset, ds) -> list:
 
 def main(argv=None) -> pathlib.Path:
   args = parse_args(argv)
+  runs.initialize_distributed()  # several hosts: see the README's "Many devices"
   plan = make_plan(args)
   preset = plan.preset
   contexts = {c.model_config(256).context for c in plan.main} | {
@@ -292,7 +293,7 @@ def main(argv=None) -> pathlib.Path:
     dry_run(plan, ds, out)
     return out
   out = prepare_out(out)
-  with exclusive(out):
+  with exclusive(out) if runs.is_primary() else contextlib.nullcontext():
     print(f"sweep '{preset.name}': {len(plan.main) + len(plan.ablations)} runs -> {out.resolve()}")
     print(f"data: {ds.name} ({ds.num_tokens} tokens, vocabulary {ds.vocab_size}, "
           f"sha256 {ds.sha256[:16]}...)")
@@ -309,8 +310,9 @@ def main(argv=None) -> pathlib.Path:
       main_results = [_run(c, ds, out, overall) for c in plan.main]
       ablation_results = [(a, _run(c, ds, out, overall)) for a, c in plan.ablations]
     wall = time.time() - t0
-    report.write(out, preset, main_results, ablation_results, ablations_lib.ABLATIONS, ds, wall,
-                 deviations(preset, ds))
+    if runs.is_primary():
+      report.write(out, preset, main_results, ablation_results, ablations_lib.ABLATIONS, ds, wall,
+                   deviations(preset, ds))
   print(f"done in {wall:.0f}s: {out / 'report.md'}")
   return out
 

@@ -1,0 +1,55 @@
+"""Two processes (hosts) of 2 CPU devices each train one run together after
+``jax.distributed.initialize()`` (Gloo collectives), and get the 1-process numbers."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+from experiments import data, runs
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+SCRIPT = r"""
+import json, pathlib, sys
+import jax
+from experiments import data, runs
+assert runs.initialize_distributed()
+config = runs.RunConfig(method="pipedream", stages=2, steps=10, batch_size=4, model="cpu-tiny", chunk=10,
+                        eval_every=10, eval_batches=1, checkpoint_every=10)
+result = runs.train(config, data.default_corpus(32), pathlib.Path(sys.argv[1]) / "run")
+print(json.dumps({"process": jax.process_index(), "devices": [jax.device_count(), jax.local_device_count()],
+                  "losses": result["losses"], "val": result["val_losses"]}))
+"""
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_train_one_run_and_match_one_process(tmp_path):
+  port = _free_port()
+  procs = []
+  for i in range(2):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+           "JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(i)}
+    procs.append(subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=ROOT, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  outs = [p.communicate(timeout=600) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  got = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+  assert [g["process"] for g in got] == [0, 1] and all(g["devices"] == [4, 2] for g in got)
+  assert got[0]["losses"] == got[1]["losses"]  # one SPMD program: both hosts see the same numbers
+  # process 0 alone wrote the run's files
+  result = json.loads((tmp_path / "run" / "result.json").read_text())
+  assert result["devices"] == 4 and result["losses"] == got[0]["losses"]
+  assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 10
+  config = runs.RunConfig(method="pipedream", stages=2, steps=10, batch_size=4, model="cpu-tiny", chunk=10,
+                          eval_every=10, eval_batches=1, checkpoint_every=10)
+  alone = runs.train(config, data.default_corpus(32), tmp_path / "alone")  # this process: 1 device
+  assert max(abs(a - b) for a, b in zip(alone["losses"], got[0]["losses"])) < 1e-4
