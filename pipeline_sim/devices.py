@@ -130,6 +130,15 @@ class DevicePipeline:
     labels: stage index of every parameter leaf (P = ``max(labels) + 1``).
     mode: ``"weight_stashing"`` or ``"no_stashing"`` (``DEVICE_MODES``).
     mesh: a ``(stage, data)`` mesh with P entries on ``stage`` (default ``pipeline_mesh(P)``).
+
+  Example::
+
+    pipe = DevicePipeline(Staged(stage_fns, loss_of), optax.adamw(1e-3), labels)
+    state = pipe.init(params, first_micro_batch)
+    for chunk in chunks:  # leaves (C, batch, ...)
+      state, (steps, losses, grad_norms) = pipe.run(state, chunk)  # steps fed - P + 1 .. fed + C - P
+    state, (steps, losses, grad_norms) = pipe.finish(state)  # the last P - 1
+    params = pipe.params(state)  # = the emulator's after the same micro-batches
   """
 
   def __init__(self, staged: Staged, optimizer, labels, mode: str = "weight_stashing",
@@ -350,7 +359,7 @@ class DevicePipeline:
     micro-batches (NumPy). Every stage has then applied every micro-batch; a later ``run`` starts a
     new fill, as a synchronous pipeline does after its flush (PipeDream-Flush, GPipe)."""
     fed = int(state.fed)
-    if self.num_stages == 1:
+    if self.num_stages == 1 or fed == int(state.start):  # nothing in flight
       return state, (np.zeros(0, np.int32), np.zeros(0), np.zeros(0))
     drain = jax.tree.map(lambda s: jnp.zeros((self.num_stages - 1, *s.shape[1:]), s.dtype), self._template)
     state, out = self._run(state, drain, False)
