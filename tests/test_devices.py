@@ -1,15 +1,7 @@
 """The real 1F1B pipeline across devices (pipeline_sim/devices.py) computes the emulator's
 trajectory. A subprocess with 4 forced CPU devices (the count is fixed when JAX starts), float64."""
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
 import json
@@ -107,12 +99,8 @@ print(json.dumps(got))
 
 
 @pytest.fixture(scope="module")
-def got():
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+def got(forced_devices):
+  return forced_devices(SCRIPT, 4)
 
 
 def test_adam_trajectory_equals_the_emulator_in_float64(got):

@@ -1,14 +1,7 @@
 """Data-parallel runs on 4 forced CPU devices equal 1-device runs (a subprocess: the device count
 is fixed when JAX starts)."""
 
-import functools
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import pytest
 
 SCRIPT = r"""
 import json, pathlib, tempfile
@@ -57,17 +50,12 @@ print(json.dumps(got))
 TOLERANCE = {"pipedream": 1e-4, "rotation": 2e-3}
 
 
-@functools.cache
-def _results():
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=900)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def got(forced_devices):
+  return forced_devices(SCRIPT, 4)
 
 
-def test_four_devices_equal_one_and_the_batch_is_sharded():
-  got = _results()
+def test_four_devices_equal_one_and_the_batch_is_sharded(got):
   assert got["devices"] == 4
   assert got["shards"] == [[10, 1, 32]] * 4  # each device holds one sequence of every micro-batch
   for method, tolerance in TOLERANCE.items():
@@ -78,17 +66,15 @@ def test_four_devices_equal_one_and_the_batch_is_sharded():
   assert "batch_size 6 is not divisible by the 4 devices" in got["error"]
 
 
-def test_fsdp_keeps_the_state_sharded_and_the_numbers():
-  got = _results()
+def test_fsdp_keeps_the_state_sharded_and_the_numbers(got):
   r = got["fsdp"]
   assert r["shard"][0] * 4 == r["shape"][0] and r["shard"][1:] == r["shape"][1:]  # 1/4 per device
   diff = max(abs(a - b) for a, b in zip(r["losses"], got["rotation"]["four"]))
   assert diff < TOLERANCE["rotation"], diff
 
 
-def test_a_run_on_the_device_pipeline_equals_the_emulated_run():
+def test_a_run_on_the_device_pipeline_equals_the_emulated_run(got):
   # --execution devices: 2 stages x 2 data-parallel devices, 1F1B with ppermute (pipeline_sim/devices.py)
-  got = _results()
   dev, emulated = got["device_run"], got["pipedream"]
   diff = max(abs(a - b) for a, b in zip(dev["losses"], emulated["four"]))
   assert diff < 1e-5, diff
