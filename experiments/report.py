@@ -154,30 +154,38 @@ def study_section(ctx: Context, name: str, results, *, with_main_baselines=False
   return lines
 
 
-def stage_aware_section(ctx: Context, name: str, results, *, methods: tuple) -> list:
-  """Iterations of each refresh allocation to the worst final loss of the allocations, per seed."""
-  curves = curves_by(results)
+def stage_aware_rows(curves, methods: tuple, window: int):
+  """Per allocation: iterations to the worst final smoothed loss of the allocations (per seed) and
+  the speed-up over the first (uniform) allocation, as mean and [min, max] over seeds."""
   top = max(p for _, p in curves)
   seeds = sorted(set.intersection(*(set(v) for v in curves.values())))
   per_seed = []
   for s in seeds:
-    finals = [metrics.final_smoothed(v[s], ctx.window) for v in curves.values()]
+    finals = [metrics.final_smoothed(v[s], window) for v in curves.values()]
     target = max(finals) if all(np.isfinite(finals)) else None
-    iters = {m: metrics.iterations_to(curves[(m, top)][s], target, ctx.window)
-             for m in methods if (m, top) in curves}
-    per_seed.append((target, iters))
-  lines = [f"Target per seed: the worst final smoothed loss of the allocations, P = {top}.", "",
-           "| allocation | iterations | speed-up vs uniform |", "|---|---|---|"]
-  bar_vals = {}
+    per_seed.append({m: metrics.iterations_to(curves[(m, top)][s], target, window)
+                     for m in methods if (m, top) in curves})
+  rows = {}
   for m in methods:
-    its = [it.get(m) for _, it in per_seed]
-    speeds = [metrics.ratio(it.get(methods[0]), it.get(m)) for _, it in per_seed]
+    its = [it.get(m) for it in per_seed]
+    speeds = [metrics.ratio(it.get(methods[0]), it.get(m)) for it in per_seed]
     row = {"seeds": len(seeds)}
     for field, vals in (("iters", its), ("speed", [None if v is None else 100 * (v - 1) for v in speeds])):
       ok = bool(vals) and all(v is not None for v in vals)
       row[field] = float(np.mean(vals)) if ok else None
       row[field + "_lo"], row[field + "_hi"] = (min(vals), max(vals)) if ok else (None, None)
-    bar_vals[m] = row["iters"]
+    rows[m] = row
+  return top, rows
+
+
+def stage_aware_section(ctx: Context, name: str, results, *, methods: tuple) -> list:
+  """Iterations of each refresh allocation to the worst final loss of the allocations, per seed."""
+  curves = curves_by(results)
+  top, rows = stage_aware_rows(curves, methods, ctx.window)
+  lines = [f"Target per seed: the worst final smoothed loss of the allocations, P = {top}.", "",
+           "| allocation | iterations | speed-up vs uniform |", "|---|---|---|"]
+  bar_vals = {m: row["iters"] for m, row in rows.items()}
+  for m, row in rows.items():
     lines.append(f"| {m} | {cell(row, 'iters', '{:.0f}')} | {cell(row, 'speed', '{:+.1f}%', 'n/a')} |")
   lines.append("")
   plots.bars(bar_vals, ctx.out / f"ablation_{name}_bars.png",
@@ -249,19 +257,15 @@ def claims_section(ctx: Context, main_rows, groups) -> list:
           "2nd/bi 1.27, 2nd/uni 1.66, 1st/bi 1.77, 1st/uni 2.55", ours,
           vals["rotation"] == min(vals.values()))
   if "stage-aware" in groups:
-    curves = curves_by(groups["stage-aware"])
-    top = max(p for _, p in curves)
-    finals = {m: np.mean([metrics.final_smoothed(c, ctx.window) for c in v.values()])
-              for (m, _), v in curves.items()}
-    target = max(finals.values())
-    iters = {m: metrics.iterations_to(mean_curves(curves)[(m, top)], target, ctx.window) for m in finals}
-    u, pr, rv = iters.get("rotation"), iters.get("rotation-sa"), iters.get("rotation-sa-reverse")
-    speed = lambda a: None if a is None or u is None else 100 * (u / a - 1)
-    if pr is not None:
+    from experiments.ablations import ALLOCATIONS  # (ablations imports this module)
+    _, rows = stage_aware_rows(curves_by(groups["stage-aware"]), ALLOCATIONS, ctx.window)
+    pr, rv = rows["rotation-sa"], rows["rotation-sa-reverse"]
+    if pr["speed"] is not None:
       add("stage-aware (proportional) refresh converges faster than uniform at equal budget",
-          "+29.2%", f"{speed(pr):+.1f}% (seed-averaged curves)", speed(pr) > 0)
-    if rv is not None:
-      add("reverse allocation does worse than uniform", "worse", f"{speed(rv):+.1f}%", speed(rv) < 0)
+          "+29.2%", cell(pr, "speed", "{:+.1f}%"), pr["speed"] > 0)
+    if rv["speed"] is not None:
+      add("reverse allocation does worse than uniform", "worse", cell(rv, "speed", "{:+.1f}%"),
+          rv["speed"] < 0)
   if "no-stashing" in groups:
     rows = study_rows(curves_by(groups["no-stashing"]), ctx.window)
     top = max(r["stages"] for r in rows)

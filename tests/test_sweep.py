@@ -65,8 +65,8 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path):
 def test_diverged_run_is_recorded(tmp_path, monkeypatch):
   build = runs.build
 
-  def nan_after_first_chunk(spec, ds):
-    pipe, state, graphdef, loss_fn = build(spec, ds)
+  def nan_after_first_chunk(spec, ds, devices=None):
+    pipe, state, graphdef, loss_fn = build(spec, ds, devices)
     run, calls = pipe.run, []
 
     def poisoned(state, batches):
