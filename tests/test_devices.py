@@ -47,16 +47,17 @@ for name, num_stages, n_data, mode, opt_name in cases:
   pipe = ps.DevicePipeline(staged, opt, labels, mode=mode, mesh=mesh)
   state, steps, losses, norms = device_run(pipe, params)
   final = pipe.params(state)
-  sync_loss_fn = lambda p, b: staged.loss([p], b)
-  sync = ps.Pipeline(sync_loss_fn, opt, {k: 0 for k in labels})
-  _, l_sync = sync.run(sync.init(params), (xs, ys))
+  vs_sync = None
+  if name in ("adam-ws-P4", "rotation-ns-P4"):  # the delays matter: equality is not trivial
+    sync = ps.Pipeline(lambda p, b: staged.loss([p], b), opt, {k: 0 for k in labels})
+    vs_sync = float(np.max(np.abs(np.array(losses) - np.asarray(sync.run(sync.init(params), (xs, ys))[1]))))
   carry = next(iter(state.carry.values()))
   got[name] = {
       "steps": [int(s) for s in steps],
       "loss": float(np.max(np.abs(np.array(losses) - np.asarray(l_emu)))),
       "norm": float(np.max(np.abs(np.array(norms) - np.asarray(n_emu)))),
       "params": max(float(jnp.max(jnp.abs(final[k] - st.params[k]))) for k in params),
-      "vs_sync": float(np.max(np.abs(np.array(losses) - np.asarray(l_sync)))),
+      "vs_sync": vs_sync,
       "shards": sorted({tuple(s.data.shape) for s in carry.addressable_shards}),
       "carry_shape": list(carry.shape),
       "stash": pipe.memory(state)["stash_per_stage"], "buffer_bytes": pipe.buffer_bytes(state),
@@ -108,17 +109,16 @@ def test_adam_trajectory_equals_the_emulator_in_float64(got):
     r = got[name]
     assert r["steps"] == list(range(8)), name  # every micro-batch completes once, in order
     assert r["loss"] < 1e-12 and r["norm"] < 1e-12 and r["params"] < 1e-12, (name, r)
-    assert r["vs_sync"] > 1e-3, (name, r)  # the delays matter: equality is not trivial
+  assert got["adam-ws-P4"]["vs_sync"] > 1e-3  # a synchronous run differs: equality is not trivial
 
 
 def test_rotation_trajectory_equals_the_emulator_to_amplified_round_off(got):
   # Rotation's eigendecompositions amplify round-off (a different summation order of the same
   # gradient): measured 2e-9 on the losses and 2e-8 on the parameters in float64.
-  for name in ("rotation-ns-P4",):
-    r = got[name]
-    assert r["steps"] == list(range(8)), name
-    assert r["loss"] < 1e-6 and r["norm"] < 1e-6 and r["params"] < 1e-6, (name, r)
-    assert r["vs_sync"] > 1e-3, (name, r)
+  r = got["rotation-ns-P4"]
+  assert r["steps"] == list(range(8))
+  assert r["loss"] < 1e-6 and r["norm"] < 1e-6 and r["params"] < 1e-6, r
+  assert r["vs_sync"] > 1e-3, r
 
 
 def test_each_device_holds_only_its_stage(got):
