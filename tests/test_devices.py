@@ -35,7 +35,7 @@ def device_run(pipe, params):
 
 
 got = {}
-cases = [("adam-ws-P4", 4, 1, "weight_stashing", "adam"), ("adam-ns-P4", 4, 1, "no_stashing", "adam"),
+cases = [("adam-ws-P4", 4, 1, "weight_stashing", "adam"),
          ("adam-ws-P3", 3, 1, "weight_stashing", "adam"), ("adam-ws-P2xD2", 2, 2, "weight_stashing", "adam"),
          ("rotation-ns-P4", 4, 1, "no_stashing", "rotation")]
 for name, num_stages, n_data, mode, opt_name in cases:
@@ -105,7 +105,7 @@ def got(forced_devices):
 
 
 def test_adam_trajectory_equals_the_emulator_in_float64(got):
-  for name in ("adam-ws-P4", "adam-ns-P4", "adam-ws-P3", "adam-ws-P2xD2"):
+  for name in ("adam-ws-P4", "adam-ws-P3", "adam-ws-P2xD2"):
     r = got[name]
     assert r["steps"] == list(range(8)), name  # every micro-batch completes once, in order
     assert r["loss"] < 1e-12 and r["norm"] < 1e-12 and r["params"] < 1e-12, (name, r)
@@ -128,7 +128,7 @@ def test_each_device_holds_only_its_stage(got):
   assert r["stash"] == [(4 - k) * 30 * 8 for k in range(4)]
   assert r["buffer_bytes"] == r["emulator_buffer_bytes"] == sum(r["stash"])
   assert got["adam-ws-P2xD2"]["carry_shape"][:2] == [2, 2]
-  assert got["adam-ns-P4"]["stash"] == [0, 0, 0, 0]
+  assert got["rotation-ns-P4"]["stash"] == [0, 0, 0, 0]
 
 
 def test_a_flush_completes_the_micro_batches_in_flight_and_restarts_the_fill(got):
