@@ -407,10 +407,9 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
                 "seconds": seconds} for j, x, r, g in zip(done, chunk_losses, lrs, grad_norms)]
     if val_loss is not None and records:
       records[-1]["val_loss"] = val_loss
-    if not is_primary():
-      return bool(np.all(np.isfinite(chunk_losses)))
-    with open(log, "a") as f:
-      f.writelines(json.dumps(r) + "\n" for r in records)
+    if is_primary():
+      with open(log, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
     return bool(np.all(np.isfinite(chunk_losses)))
 
   while step < config.steps:
@@ -477,8 +476,11 @@ def estimate(config: RunConfig, ds: Dataset) -> dict:
   context = config.model_config(ds.vocab_size).context
   batches = ds.batches(config.seed, 0, config.chunk, config.batch_size, context)
   t0 = time.perf_counter()
-  args = (state, batches, True) if isinstance(pipe, ps.DevicePipeline) else (state, batches)
-  compiled = (pipe.lower(*args[:2]) if len(args) == 3 else pipe.run.lower(*args)).compile()
+  if isinstance(pipe, ps.DevicePipeline):
+    lowered, args = pipe.lower(state, batches), (state, batches, True)
+  else:
+    lowered, args = pipe.run.lower(state, batches), (state, batches)
+  compiled = lowered.compile()
   compile_seconds = time.perf_counter() - t0
   analysis = compiled.cost_analysis()  # a scan's body is counted once: FLOPs of one step
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
