@@ -1,7 +1,13 @@
 """Training driver: asynchronous pipeline steps inside a jit-compiled ``lax.scan``.
 
-Every stage has its own optimizer state (and may have its own optimizer: per-stage learning
-rates, momenta, refresh periods, gradient clipping). One step ``i`` per micro-batch:
+Given a sequence of P optimizers, every stage has its own optimizer and state (per-stage learning
+rates, momenta, refresh periods, gradient clipping). Given one optimizer, the modes in which every
+stage updates at every step (``weight_stashing``, ``no_stashing``) run it once over all stages'
+leaves with one state, as plain optax training would: one update, one compiled refresh per
+same-shape group of basis rotation instead of one per stage (``experiments.bench_pipeline``), and
+the same numbers as P copies for a transformation that treats leaves independently (not for
+``clip_by_global_norm``: clip per stage with per-stage optimizers or ``optax.partition`` over the
+stage labels). One step ``i`` per micro-batch:
 
 - ``"weight_stashing"``: stage k keeps a ring of its last ``tau_k + 1`` weight versions; the
   gradient of micro-batch ``i`` is taken at ``(W_0(i - tau_0), ..., W_{P-1}(i - tau_{P-1}))`` and
@@ -37,7 +43,7 @@ class PipelineState(NamedTuple):
 
   step: jax.Array  # int32 (): micro-batches processed (= updates of the last stage).
   params: Any  # current weights W(step), the user's parameter pytree.
-  opt_states: tuple  # one optimizer state per stage, over that stage's leaves.
+  opt_states: tuple  # one optimizer state per stage over its leaves; (state,) if ``merged``.
   buffers: tuple  # per stage: leaves (tau_k + 1, *shape): weight versions or gradient FIFO.
 
 
@@ -46,8 +52,10 @@ class Pipeline:
 
   Args:
     loss_fn: ``loss(params, batch) -> scalar``; may be omitted when ``staged`` is given.
-    optimizer: one ``optax.GradientTransformation`` (each stage gets its own state) or a sequence
-      of P of them (per-stage optimizers).
+    optimizer: a sequence of P ``optax.GradientTransformation`` (one per stage, each with its own
+      state), or one: in ``weight_stashing`` and ``no_stashing`` run once over all leaves with one
+      state (``merged``); in ``stale_gradients`` (stages start updating at different steps) each
+      stage gets its own state.
     labels: stage index of every parameter leaf (same structure as the parameters); the number of
       stages P is ``max(labels) + 1`` and every stage must own at least one leaf.
     mode: one of ``MODES``.
@@ -72,12 +80,11 @@ class Pipeline:
       if staged is None:
         raise ValueError("give loss_fn or staged")
       loss_fn = lambda params, batch: staged.loss(split_stages(params, labels, num_stages), batch)
-    if isinstance(optimizer, optax.GradientTransformation):  # (itself a NamedTuple)
-      self.optimizers = (optimizer,) * num_stages
-    elif len(optimizer) != num_stages:
+    single = isinstance(optimizer, optax.GradientTransformation)  # (itself a NamedTuple)
+    if not single and len(optimizer) != num_stages:
       raise ValueError(f"got {len(optimizer)} optimizers for {num_stages} stages")
-    else:
-      self.optimizers = tuple(optimizer)
+    self.optimizers = (optimizer,) * num_stages if single else tuple(optimizer)
+    self.merged = single and mode != "stale_gradients"
     self.loss_fn, self.labels, self.num_stages = loss_fn, labels, num_stages
     self.mode, self.staged, self.grad_norms = mode, staged, grad_norms
     self.run = jax.jit(self._run, donate_argnums=0)
@@ -88,7 +95,10 @@ class Pipeline:
   def init(self, params) -> PipelineState:
     check_labels(params, self.labels, self.num_stages)
     parts = self._split(params)
-    opt_states = tuple(opt.init(p) for opt, p in zip(self.optimizers, parts))
+    if self.merged:
+      opt_states = (self.optimizers[0].init(params),)
+    else:
+      opt_states = tuple(opt.init(p) for opt, p in zip(self.optimizers, parts))
     if self.mode == "stale_gradients":
       parts = [jax.tree.map(jnp.zeros_like, p) for p in parts]
     buffers = tuple(rb.ring_init(p, tau + 1) for p, tau in zip(parts, self.delays))
@@ -128,10 +138,16 @@ class Pipeline:
         grad_parts = self._split(grads)
       else:
         loss, grad_parts = no_stashing_value_and_grad(self.staged, stale_parts, parts, batch)
-      for k, g in enumerate(grad_parts):
-        p, s = self._apply(k, g, parts[k], state.opt_states[k])
-        new_parts.append(p), new_opt.append(s)
-        new_buffers.append(rb.ring_write(state.buffers[k], slots[k], p))  # W(i + 1)
+      if self.merged:
+        params, s = self._apply(0, merge_stages(grad_parts, self.labels), state.params,
+                                state.opt_states[0])
+        new_parts, new_opt = self._split(params), [s]
+      else:
+        for k, g in enumerate(grad_parts):
+          p, s = self._apply(k, g, parts[k], state.opt_states[k])
+          new_parts.append(p), new_opt.append(s)
+      new_buffers = [rb.ring_write(b, slot, p)  # W(i + 1)
+                     for b, slot, p in zip(state.buffers, slots, new_parts)]
     params = merge_stages(new_parts, self.labels)
     new_state = PipelineState(i + 1, params, tuple(new_opt), tuple(new_buffers))
     return new_state, ((loss, optax.global_norm(grad_parts)) if self.grad_norms else loss)

@@ -207,6 +207,41 @@ def test_p1_every_mode_equals_plain_training():
       np.testing.assert_allclose(w, r, rtol=1e-5)
 
 
+def test_one_optimizer_runs_merged_and_matches_per_stage_copies():
+  """One optimizer in weight_stashing / no_stashing is one update over every stage's leaves: the
+  same numbers as P separate copies for leaf-wise transformations (Adam, basis rotation), and
+  not for a global-norm clip (the control: a merged clip sees every stage's gradient)."""
+  import rotation
+  num_stages = 3
+  rng = np.random.default_rng(7)
+  params = {"w": [jnp.asarray(rng.normal(size=(4, 4)) / 2 + np.eye(4), jnp.float32)
+                  for _ in range(num_stages)]}
+  labels = {"w": list(range(num_stages))}
+  staged = ps.Staged([lambda p, x, k=k: jnp.tanh(x @ p["w"][k]) for k in range(num_stages)],
+                     loss_of=lambda out, b: jnp.mean((out - b[1]) ** 2))
+  xs = jnp.asarray(rng.normal(size=(12, 2, 4)), jnp.float32)
+  ys = jnp.asarray(rng.normal(size=(12, 2, 4)), jnp.float32)
+
+  def run(opt, mode):
+    pipe = ps.Pipeline(None, opt, labels, mode, staged)
+    state, losses = pipe.run(pipe.init(params), (xs, ys))
+    return pipe, state, losses
+
+  for opt in (optax.adam(0.05), rotation.basis_rotation(0.05, refresh_every=3)):
+    for mode in ("weight_stashing", "no_stashing"):
+      pipe, merged, losses = run(opt, mode)
+      assert pipe.merged and len(merged.opt_states) == 1
+      pipe, apart, ref = run([opt] * num_stages, mode)
+      assert not pipe.merged and len(apart.opt_states) == num_stages
+      np.testing.assert_allclose(losses, ref, rtol=1e-5, atol=1e-6)
+      for w, r in zip(merged.params["w"], apart.params["w"]):
+        np.testing.assert_allclose(w, r, rtol=1e-5, atol=1e-6)
+  clip = optax.chain(optax.clip_by_global_norm(1e-3), optax.sgd(1.0))
+  _, merged, _ = run(clip, "weight_stashing")
+  _, apart, _ = run([clip] * num_stages, "weight_stashing")
+  assert np.abs(np.asarray(merged.params["w"][0]) - np.asarray(apart.params["w"][0])).max() > 1e-5
+
+
 def test_buffer_memory_and_no_recompilation_across_chunks():
   num_stages = 4
   params = {"s": [jnp.ones((3, 5)) * k for k in range(num_stages)]}
