@@ -13,6 +13,7 @@ import argparse
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -22,16 +23,21 @@ from experiments import data as data_lib
 from experiments import model as model_lib
 
 
-def _per_step(run, state, batches, repeats):
-  state, losses = run(state, batches)  # compile
-  jax.block_until_ready(losses)
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    state, losses = run(state, batches)
-    jax.block_until_ready(losses)
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times)) / len(batches[0]), state
+def _interleaved(runs: dict, batches, rounds: int) -> dict:
+  """Median seconds per chunk of each compiled ``run(state, batches) -> (state, out)``; the runs
+  take turns, so that machine drift hits them alike. ``runs[key] = (run, state)``."""
+  states = {}
+  for key, (run, state) in runs.items():  # first call: compile (if not compiled) and warm up
+    states[key], out = run(state, batches)
+    jax.block_until_ready(out)
+  times = {key: [] for key in runs}
+  for _ in range(rounds):
+    for key, (run, _) in runs.items():
+      t0 = time.perf_counter()
+      states[key], out = run(states[key], batches)
+      jax.block_until_ready(out)
+      times[key].append(time.perf_counter() - t0)
+  return {key: float(np.median(t)) for key, t in times.items()}
 
 
 def plain_run(loss_fn, opt):
@@ -49,43 +55,44 @@ def plain_run(loss_fn, opt):
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m experiments.bench_pipeline", description=__doc__)
   parser.add_argument("--chunk", type=int, default=50)
-  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--repeats", type=int, default=5, help="timed chunks per configuration")
   args = parser.parse_args(argv)
   cfg = model_lib.CONFIGS["cpu-deep"]
   graphdef, params = model_lib.init(cfg)
   loss_fn = model_lib.make_loss(graphdef)
   ds = data_lib.default_corpus(cfg.context)
   batches = ds.batches(0, 0, args.chunk, 16, cfg.context)
-  opt = optax.adamw(1e-3)
-  plain, _ = _per_step(plain_run(loss_fn, opt), (jax.tree.map(jax.numpy.copy, params), opt.init(params)),
-                       batches, args.repeats)
   n_params = model_lib.count_params(params)
-  print(f"backend: {jax.default_backend()}; cpu-deep ({n_params} parameters), chunk {args.chunk}")
+  print(f"backend: {jax.default_backend()}; cpu-deep ({n_params} parameters), chunk {args.chunk}, "
+        f"median of {args.repeats} interleaved chunks")
+  opt = optax.adamw(1e-3)
+  runs = {"plain": (plain_run(loss_fn, opt), (jax.tree.map(jnp.copy, params), opt.init(params)))}
+  buffers = {}
   for stages in (8, cfg.num_blocks):
     for mode in ("weight_stashing", "stale_gradients"):
       pipe = ps.Pipeline(loss_fn, opt, model_lib.stage_labels(params, stages), mode)
-      t, state = _per_step(pipe.run, pipe.init(params), batches, args.repeats)
-      nbytes = pipe.buffer_bytes(state)
-      print(f"P={stages:<3d} {mode:<16s} step time / plain = {t / plain:.3f}x; "
-            f"buffers {nbytes / 2**20:.2f} MiB = {nbytes / (4 * n_params):.2f} x params")
+      state = pipe.init(params)
+      runs[(stages, mode)], buffers[(stages, mode)] = (pipe.run, state), pipe.buffer_bytes(state)
+  t = _interleaved(runs, batches, args.repeats)
+  for (stages, mode), nbytes in buffers.items():
+    print(f"P={stages:<3d} {mode:<16s} step time / plain = {t[(stages, mode)] / t['plain']:.3f}x; "
+          f"buffers {nbytes / 2**20:.2f} MiB = {nbytes / (4 * n_params):.2f} x params")
   rot = rotation.basis_rotation(1e-3, refresh_every=10, mask=model_lib.rotation_mask)
   deepest = cfg.num_blocks
-  timing = {}
+  runs, compile_s = {}, {}
   # One optimizer runs once over every stage's leaves (Pipeline.merged); P copies are P updates.
   for key, stages, opt in (("P=1", 1, rot), ("merged", deepest, rot),
                            ("per-stage", deepest, [rot] * deepest)):
     pipe = ps.Pipeline(loss_fn, opt, model_lib.stage_labels(params, stages), "weight_stashing")
     state = pipe.init(params)
     t0 = time.perf_counter()
-    compiled = pipe.run.lower(state, batches).compile()
-    compile_s = time.perf_counter() - t0
-    t, _ = _per_step(compiled, state, batches, args.repeats)
-    timing[key] = (t, compile_s)
-  t1, c1 = timing["P=1"]
+    runs[key] = (pipe.run.lower(state, batches).compile(), state)
+    compile_s[key] = time.perf_counter() - t0
+  t = _interleaved(runs, batches, args.repeats)
   for key in ("merged", "per-stage"):
-    tp, cp = timing[key]
-    print(f"rotation, weight stashing, {key} optimizer: step time P={deepest} / P=1 = {tp / t1:.3f}x; "
-          f"compile time {cp / c1:.2f}x ({cp:.1f}s vs {c1:.1f}s)")
+    print(f"rotation, weight stashing, {key} optimizer: step time P={deepest} / P=1 = "
+          f"{t[key] / t['P=1']:.3f}x; compile time {compile_s[key] / compile_s['P=1']:.2f}x "
+          f"({compile_s[key]:.1f}s vs {compile_s['P=1']:.1f}s)")
 
 
 if __name__ == "__main__":
