@@ -24,19 +24,21 @@ from experiments import data as data_lib
 from experiments import model as model_lib
 
 
-def _time(fn, args, steps, rounds=3):
-  """Seconds per call of a jitted ``fn(state...) -> state`` chained ``steps`` times (a multiple of
-  the refresh period, so refreshes are amortised); the best of ``rounds`` such means."""
-  out = fn(*args)
-  jax.block_until_ready(out)
-  means = []
+def _time(fns: dict, steps: int, rounds: int = 3) -> dict:
+  """Seconds per call of each jitted ``fn(*state) -> state``, ``fns[name] = (fn, state)``, chained
+  ``steps`` times (a multiple of the refresh period, so refreshes are amortised); the best of
+  ``rounds`` such means. The functions take turns, so that machine drift hits them alike."""
+  states = {name: jax.block_until_ready(fn(*state)) for name, (fn, state) in fns.items()}
+  means = {name: [] for name in fns}
   for _ in range(rounds):
-    t0 = time.perf_counter()
-    for _ in range(steps):
-      out = fn(*out)
-    jax.block_until_ready(out)
-    means.append((time.perf_counter() - t0) / steps)
-  return float(min(means))
+    for name, (fn, _) in fns.items():
+      out = states[name]
+      t0 = time.perf_counter()
+      for _ in range(steps):
+        out = fn(*out)
+      states[name] = jax.block_until_ready(out)
+      means[name].append((time.perf_counter() - t0) / steps)
+  return {name: float(min(m)) for name, m in means.items()}
 
 
 def optimizers(refresh_every):
@@ -54,7 +56,7 @@ def optimizers(refresh_every):
 def bench_update(params, refresh_every, steps, rounds=3):
   """Per-step time of the update alone (averaged over a full refresh period), FLOPs, compile s."""
   grads = jax.tree.map(lambda p: 0.01 * jnp.ones_like(p), params)
-  out = {}
+  out, fns = {}, {}
   for name, tx in optimizers(refresh_every).items():
     def step(p, s, tx=tx):
       u, s = tx.update(grads, s, p)
@@ -65,8 +67,10 @@ def bench_update(params, refresh_every, steps, rounds=3):
     compile_s = time.perf_counter() - t0
     analysis = compiled.cost_analysis()  # XLA's count; older JAX returns one dict per computation
     flops = float((analysis[0] if isinstance(analysis, (list, tuple)) else analysis).get("flops", 0.0))
-    per = _time(compiled, (jax.tree.map(jnp.copy, params), state), steps, rounds)
-    out[name] = {"seconds": per, "flops": flops, "compile": compile_s}
+    fns[name] = (compiled, (jax.tree.map(jnp.copy, params), state))
+    out[name] = {"flops": flops, "compile": compile_s}
+  for name, seconds in _time(fns, steps, rounds).items():
+    out[name]["seconds"] = seconds
   return out
 
 
@@ -92,7 +96,7 @@ def matmul_rate(sizes, steps=20) -> float:
   for k in sizes:
     a = jnp.ones((k, k), jnp.float32) / k
     f = jax.jit(lambda x: (jnp.matmul(x, a, precision=jax.lax.Precision.HIGHEST),))
-    seconds = _time(f, (a,), steps)
+    seconds = _time({"matmul": (f, (a,))}, steps)["matmul"]
     best = max(best, 2.0 * k**3 / seconds)
   return best
 
@@ -102,7 +106,7 @@ def bench_train_step(cfg, refresh_every, steps, batch_size):
   loss_fn = model_lib.make_loss(graphdef)
   ds = data_lib.default_corpus(cfg.context)
   batch = tuple(jnp.asarray(x) for x in ds.batch(0, 0, batch_size, cfg.context))
-  out = {}
+  fns = {}
   for name, tx in optimizers(refresh_every).items():
     def step(p, s, tx=tx):
       g = jax.grad(loss_fn)(p, batch)
@@ -110,8 +114,8 @@ def bench_train_step(cfg, refresh_every, steps, batch_size):
       return optax.apply_updates(p, u), s
     state = tx.init(params)
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state).compile()
-    out[name] = _time(compiled, (jax.tree.map(jnp.copy, params), state), steps)
-  return out
+    fns[name] = (compiled, (jax.tree.map(jnp.copy, params), state))
+  return _time(fns, steps)
 
 
 def step_spikes(cfg, refresh_every, batch_size, periods=4):
@@ -167,7 +171,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   cfg = model_lib.CONFIGS["cpu-deep"]
   print(f"backend: {jax.default_backend()}; refresh_every={args.refresh_every}; "
-        f"best of 3 means over {args.steps} steps")
+        f"best of 3 interleaved means over {args.steps} steps")
   for batch in (16, 64):
     train = bench_train_step(cfg, args.refresh_every, args.steps, batch_size=batch)
     print(f"cpu-deep whole training step, batch {batch}: rotation / adamw = "
