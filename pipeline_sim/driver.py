@@ -6,8 +6,9 @@ stage updates at every step (``weight_stashing``, ``no_stashing``) run it once o
 leaves with one state, as plain optax training would: one update, one compiled refresh per
 same-shape group of basis rotation instead of one per stage (``experiments.bench_pipeline``), and
 the same numbers as P copies for a transformation that treats leaves independently (not for
-``clip_by_global_norm``: clip per stage with per-stage optimizers or ``optax.partition`` over the
-stage labels). One step ``i`` per micro-batch:
+``clip_by_global_norm``, nor for basis rotation's ``stagger`` offsets, which are spread over the
+leaves one instance sees: for per-stage behaviour pass per-stage optimizers, or use
+``optax.partition`` over the stage labels). One step ``i`` per micro-batch:
 
 - ``"weight_stashing"``: stage k keeps a ring of its last ``tau_k + 1`` weight versions; the
   gradient of micro-batch ``i`` is taken at ``(W_0(i - tau_0), ..., W_{P-1}(i - tau_{P-1}))`` and
