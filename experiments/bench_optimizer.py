@@ -24,7 +24,7 @@ from experiments import data as data_lib
 from experiments import model as model_lib
 
 
-def _time(fns: dict, steps: int, rounds: int = 3) -> dict:
+def time_interleaved(fns: dict, steps: int, rounds: int = 3) -> dict:
   """Seconds per call of each jitted ``fn(*state) -> state``, ``fns[name] = (fn, state)``, chained
   ``steps`` times (a multiple of the refresh period, so refreshes are amortised); the best of
   ``rounds`` such means. The functions take turns, so that machine drift hits them alike."""
@@ -69,7 +69,7 @@ def bench_update(params, refresh_every, steps, rounds=3):
     flops = float((analysis[0] if isinstance(analysis, (list, tuple)) else analysis).get("flops", 0.0))
     fns[name] = (compiled, (jax.tree.map(jnp.copy, params), state))
     out[name] = {"flops": flops, "compile": compile_s}
-  for name, seconds in _time(fns, steps, rounds).items():
+  for name, seconds in time_interleaved(fns, steps, rounds).items():
     out[name]["seconds"] = seconds
   return out
 
@@ -96,7 +96,7 @@ def matmul_rate(sizes, steps=20) -> float:
   for k in sizes:
     a = jnp.ones((k, k), jnp.float32) / k
     f = jax.jit(lambda x: (jnp.matmul(x, a, precision=jax.lax.Precision.HIGHEST),))
-    seconds = _time({"matmul": (f, (a,))}, steps)["matmul"]
+    seconds = time_interleaved({"matmul": (f, (a,))}, steps)["matmul"]
     best = max(best, 2.0 * k**3 / seconds)
   return best
 
@@ -115,7 +115,7 @@ def bench_train_step(cfg, refresh_every, steps, batch_size):
     state = tx.init(params)
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state).compile()
     fns[name] = (compiled, (jax.tree.map(jnp.copy, params), state))
-  return _time(fns, steps)
+  return time_interleaved(fns, steps)
 
 
 def step_spikes(cfg, refresh_every, batch_size, periods=4):

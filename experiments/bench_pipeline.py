@@ -14,30 +14,21 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 import pipeline_sim as ps
 import rotation
+from experiments import bench_optimizer
 from experiments import data as data_lib
 from experiments import model as model_lib
 
 
-def _interleaved(runs: dict, batches, rounds: int) -> dict:
-  """Median seconds per chunk of each compiled ``run(state, batches) -> (state, out)``; the runs
-  take turns, so that machine drift hits them alike. ``runs[key] = (run, state)``."""
-  states = {}
-  for key, (run, state) in runs.items():  # first call: compile (if not compiled) and warm up
-    states[key], out = run(state, batches)
-    jax.block_until_ready(out)
-  times = {key: [] for key in runs}
-  for _ in range(rounds):
-    for key, (run, _) in runs.items():
-      t0 = time.perf_counter()
-      states[key], out = run(states[key], batches)
-      jax.block_until_ready(out)
-      times[key].append(time.perf_counter() - t0)
-  return {key: float(np.median(t)) for key, t in times.items()}
+def _per_chunk(runs: dict, batches, rounds: int) -> dict:
+  """Best seconds per chunk of each ``run(state, batches) -> (state, out)``, ``runs[key] = (run,
+  state)``, timed in turns (``bench_optimizer.time_interleaved``)."""
+  chained = {key: ((lambda state, _, run=run: run(state, batches)), (state, None))
+             for key, (run, state) in runs.items()}
+  return bench_optimizer.time_interleaved(chained, steps=1, rounds=rounds)
 
 
 def plain_run(loss_fn, opt):
@@ -64,7 +55,7 @@ def main(argv=None):
   batches = ds.batches(0, 0, args.chunk, 16, cfg.context)
   n_params = model_lib.count_params(params)
   print(f"backend: {jax.default_backend()}; cpu-deep ({n_params} parameters), chunk {args.chunk}, "
-        f"median of {args.repeats} interleaved chunks")
+        f"best of {args.repeats} interleaved chunks")
   opt = optax.adamw(1e-3)
   runs = {"plain": (plain_run(loss_fn, opt), (jax.tree.map(jnp.copy, params), opt.init(params)))}
   buffers = {}
@@ -73,7 +64,7 @@ def main(argv=None):
       pipe = ps.Pipeline(loss_fn, opt, model_lib.stage_labels(params, stages), mode)
       state = pipe.init(params)
       runs[(stages, mode)], buffers[(stages, mode)] = (pipe.run, state), pipe.buffer_bytes(state)
-  t = _interleaved(runs, batches, args.repeats)
+  t = _per_chunk(runs, batches, args.repeats)
   for (stages, mode), nbytes in buffers.items():
     print(f"P={stages:<3d} {mode:<16s} step time / plain = {t[(stages, mode)] / t['plain']:.3f}x; "
           f"buffers {nbytes / 2**20:.2f} MiB = {nbytes / (4 * n_params):.2f} x params")
@@ -88,7 +79,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     runs[key] = (pipe.run.lower(state, batches).compile(), state)
     compile_s[key] = time.perf_counter() - t0
-  t = _interleaved(runs, batches, args.repeats)
+  t = _per_chunk(runs, batches, args.repeats)
   for key in ("merged", "per-stage"):
     print(f"rotation, weight stashing, {key} optimizer: step time P={deepest} / P=1 = "
           f"{t[key] / t['P=1']:.3f}x; compile time {compile_s[key] / compile_s['P=1']:.2f}x "
