@@ -15,7 +15,10 @@ Any other inner state is left as it is.
 
 Leaves: 0-D and 1-D leaves, leaves the mask excludes and sides longer than ``max_precond_dim``
 are not rotated (those leaves get plain ``inner``). A leaf with more than two axes is treated as
-the matrix ``(prod(shape[:-1]), shape[-1])``: leading axes are merged into the row side. A
+the matrix ``(prod(shape[:-1]), shape[-1])``: leading axes are merged into the row side (a 3-D
+``(heads, d_in, d_out)`` kernel is rotated as ``(heads * d_in, d_out)``; a 4-D convolution kernel
+``(h, w, c_in, c_out)`` as ``(h * w * c_in, c_out)``), so only the last axis is a side of its own.
+Every leaf must be floating point (an integer leaf is an error at ``init``). A
 callable ``mask`` is evaluated on the parameters at init and on the updates at every step (as in
 ``optax.masked``), so it must depend only on the tree's structure and shapes.
 
@@ -84,6 +87,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> opta
   """
 
   def init_fn(params):
+    _check_float_leaves(params)
     zeros = lambda p: jnp.zeros(p.shape, jnp.float32)
     return optax.ScaleByAdamState(jnp.zeros([], jnp.int32), jax.tree.map(zeros, params),
                                   jax.tree.map(zeros, params))
@@ -172,6 +176,15 @@ def _plan(tree, mask, geometry, max_dim, refresh_every, stagger=False) -> _Plan:
       plain.append(i)
   return _Plan(treedef, tuple(jnp.shape(x) for x in leaves), tuple(plain),
                tuple(_GroupPlan(tuple(members), *key) for key, members in groups.items()))
+
+
+def _check_float_leaves(params):
+  """A non-float leaf would get its update cast to an integer (zero, or a wrong step)."""
+  for path, x in jax.tree_util.tree_leaves_with_path(params):
+    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+      raise TypeError(f"parameter {jax.tree_util.keystr(path) or 'leaf'} has dtype "
+                      f"{jnp.result_type(x)}: this optimizer updates floating-point leaves only "
+                      "(freeze integer leaves, e.g. with optax.masked or optax.set_to_zero)")
 
 
 def _check_int_periods(refresh_every):
@@ -297,6 +310,10 @@ def scale_by_basis_rotation(
   if isinstance(max_precond_dim, bool) or not isinstance(max_precond_dim, int) or max_precond_dim < 0:
     raise ValueError(f"max_precond_dim must be a Python int >= 0 (with optax.inject_hyperparams, "
                      f"list it in static_args), got {max_precond_dim!r}")
+  if inner is not None and not isinstance(inner, optax.GradientTransformation):
+    raise TypeError(f"inner must be an optax.GradientTransformation (or None for Adam), got {inner!r}"
+                    + (": for a learning rate use rotation.basis_rotation(learning_rate, ...)"
+                       if isinstance(inner, (int, float)) else ""))
   inner = optax.with_extra_args_support(scale_by_adam(b1, b2, eps) if inner is None else inner)
   bs = b2 if shampoo_beta is None else shampoo_beta
   second = source == "second"
@@ -312,6 +329,7 @@ def scale_by_basis_rotation(
     return plain, stacks
 
   def init_fn(params):
+    _check_float_leaves(params)
     plan = plan_of(params)
     leaves = jax.tree.leaves(params)
     inner_state = inner.init(inner_tree(plan, [jnp.zeros(jnp.shape(x), jnp.float32) for x in leaves]))
@@ -357,17 +375,18 @@ def scale_by_basis_rotation(
   def cold(args):
     """Step 1 for one matrix: bases and rotated gradient from the SVD of ``G`` (exact)."""
     g, ql, qr, sl, sr, mu, nu = args
-    u, s, vt = jnp.linalg.svd(g, full_matrices=True)
-    k = s.shape[0]
-    sigma = jnp.zeros(g.shape, g.dtype).at[jnp.arange(k), jnp.arange(k)].set(s)
-    new_l, new_r = (u if ql is not None else None), (vt.T if qr is not None else None)
-    if ql is not None and qr is not None:
-      g_rot = sigma
-    elif ql is not None:
-      g_rot = eb.mm(sigma, vt)  # U^T G = S V^T
-    else:
-      g_rot = eb.mm(u, sigma)  # G V = U S
-    return guarded(g, ql, qr, mu, nu, new_l, new_r, nu, g_rot)
+    if ql is not None and qr is not None:  # both complete bases: U (m, m), V (n, n)
+      u, s, vt = jnp.linalg.svd(g, full_matrices=True)
+      k = s.shape[0]
+      g_rot = jnp.zeros(g.shape, g.dtype).at[jnp.arange(k), jnp.arange(k)].set(s)
+      return guarded(g, ql, qr, mu, nu, u, vt.T, nu, g_rot)
+    # One side: it is the shorter one (unilateral geometry picks it; a side left unrotated by
+    # max_precond_dim is the longer one), so the thin SVD already holds its complete basis, and
+    # the other side's (possibly huge) basis is never built.
+    u, s, vt = jnp.linalg.svd(g, full_matrices=False)
+    if ql is not None:
+      return guarded(g, ql, qr, mu, nu, u, None, nu, s[:, None] * vt)  # U^T G = S V^T
+    return guarded(g, ql, qr, mu, nu, None, vt.T, nu, u * s[None, :])  # G V = U S
 
   def warm(args):
     """A warm refresh of one matrix: sort, permute ``nu``, one orthogonal-iteration step."""

@@ -482,3 +482,37 @@ def test_stagger_spreads_refreshes_and_keeps_each_matrix_count():
   assert sorted(tuple(v) for v in warm.values()) == [(2, 6, 10), (3, 7, 11), (4, 8, 12), (5, 9, 13)]
   per_step = [sum(t in v for v in warm.values()) for t in range(2, 14)]
   assert max(per_step) == 1  # never more than one matrix refreshes in a step
+
+
+@pytest.mark.parametrize("kwargs", [{"geometry": "unilateral"}, {"max_precond_dim": 64}])
+def test_cold_start_builds_no_basis_for_an_unrotated_side(kwargs):
+  # A (12000, 32) leaf rotates only its 32-wide side; a full SVD would build the 12000 x 12000 left
+  # basis (549 MiB of float32) that is never used. XLA's own count of the update's temporaries:
+  shape = (12000, 32)
+  tx = rotation.scale_by_basis_rotation(**kwargs)
+  params = {"w": jnp.zeros(shape)}
+  state = tx.init(params)
+  assert state.groups[0].left is None and state.groups[0].right.shape == (1, 32, 32)
+  compiled = jax.jit(tx.update).lower(params, state).compile()
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  assert temp < 16 * 12000 * 32 * 4, temp / 2**20  # a few copies of the leaf, not 12000^2
+  # and step 1 is still the exact algorithm's: in the basis V of the gradient's right singular
+  # vectors, Adam's first update is sign(G V) (bias-corrected scale 1), so U~ = u V is +-1 (entries
+  # of G V within float32 round-off of 0 may flip; the float64 reference tests cover small shapes).
+  g = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
+  u, _ = jax.jit(tx.update)({"w": g}, state)
+  v = np.linalg.svd(np.asarray(g, np.float64), full_matrices=False)[2].T
+  rotated = np.asarray(u["w"], np.float64) @ v
+  assert np.mean(np.abs(np.abs(rotated) - 1) < 1e-3) > 0.999
+  assert np.mean(np.sign(rotated) == np.sign(np.asarray(g, np.float64) @ v)) > 0.999
+
+
+def test_a_learning_rate_given_as_inner_is_a_clear_error():
+  with pytest.raises(TypeError, match="inner must be an optax.GradientTransformation.*basis_rotation"):
+    rotation.scale_by_basis_rotation(1e-3)
+
+
+@pytest.mark.parametrize("tx", [rotation.basis_rotation(1e-3), rotation.scale_by_adam()])
+def test_integer_leaves_are_refused_at_init(tx):
+  with pytest.raises(TypeError, match=r"parameter \['step'\] has dtype int32"):
+    tx.init({"w": jnp.zeros((3, 3)), "step": jnp.zeros((), jnp.int32)})
