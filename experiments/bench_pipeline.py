@@ -72,9 +72,9 @@ def main(argv=None):
   deepest = cfg.num_blocks
   runs, compile_s = {}, {}
   # One optimizer runs once over every stage's leaves (Pipeline.merged); P copies are P updates.
-  for key, stages, opt in (("P=1", 1, rot), ("merged", deepest, rot),
-                           ("per-stage", deepest, [rot] * deepest)):
-    pipe = ps.Pipeline(loss_fn, opt, model_lib.stage_labels(params, stages), "weight_stashing")
+  for key, stages, opt in (("P=1", 1, rot), ("merged", deepest, rot), ("per-stage", deepest, rot)):
+    pipe = ps.Pipeline(loss_fn, opt, model_lib.stage_labels(params, stages), "weight_stashing",
+                       merged=key != "per-stage")
     state = pipe.init(params)
     t0 = time.perf_counter()
     runs[key] = (pipe.run.lower(state, batches).compile(), state)

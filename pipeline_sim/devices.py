@@ -126,17 +126,24 @@ class DevicePipeline:
   Args:
     staged: the model as P stage functions; every stage but the last must return activations of one
       shape and dtype (the message between stages).
-    optimizer: one ``optax.GradientTransformation`` or a sequence of P (per-stage optimizers).
+    optimizer: one ``optax.GradientTransformation`` (P copies: each stage's own over its leaves, as
+      ``Pipeline``) or a sequence of P (per-stage optimizers).
     labels: stage index of every parameter leaf (P = ``max(labels) + 1``).
     mode: ``"weight_stashing"`` or ``"no_stashing"`` (``DEVICE_MODES``).
     mesh: a ``(stage, data)`` mesh with P entries on ``stage`` (default ``pipeline_mesh(P)``).
+
+  Data parallelism: each of the D devices of a stage runs the stage functions on its contiguous
+  1/D of the micro-batch, and losses and gradients are averaged over them. A loss that is a mean
+  over the batch is then the global batch's; a loss with a *product* of batch means (the MoE
+  load-balancing loss of ``experiments.model``) is computed per shard, so the run equals the
+  emulator's with the mean of the D shards' losses, not with the global batch's loss.
 
   Example::
 
     pipe = DevicePipeline(Staged(stage_fns, loss_of), optax.adamw(1e-3), labels)
     state = pipe.init(params, first_micro_batch)
     for chunk in chunks:  # leaves (C, batch, ...)
-      state, (steps, losses, grad_norms) = pipe.run(state, chunk)  # steps fed - P + 1 .. fed + C - P
+      state, (steps, losses, grad_norms) = pipe.run(state, chunk)  # -1 where none completed
     state, (steps, losses, grad_norms) = pipe.finish(state)  # the last P - 1
     params = pipe.params(state)  # = the emulator's after the same micro-batches
   """
@@ -334,7 +341,7 @@ class DevicePipeline:
     window = window.at[1, idx].add(sq_norms, mode="drop")
     steps = base + jnp.arange(num_chunk, dtype=jnp.int32)
     done = (steps >= state.start) & (steps < limit)
-    out = (steps, jnp.where(done, window[0, :num_chunk], jnp.nan),
+    out = (jnp.where(done, steps, -1), jnp.where(done, window[0, :num_chunk], jnp.nan),
            jnp.where(done, jnp.sqrt(window[1, :num_chunk]), jnp.nan))
     new = DevicePipelineState(state.phase + 2 * num_chunk, limit, state.start, carry, inbox, fwd, bwd,
                               window[:, num_chunk:])
@@ -348,7 +355,11 @@ class DevicePipeline:
     Returns:
       ``(state, (steps, losses, grad_norms))``: the C micro-batch indices that completed in this call
       (``fed - P + 1 .. fed + C - P``), the loss each observed and the global norm of its gradient
-      (all stages); entries for indices < 0 (pipeline fill) are NaN.
+      (all stages). Entries that completed no micro-batch (the pipeline fill, at the start and after
+      ``finish``, whose micro-batches ``finish`` already returned) have index -1 and NaN: keep
+      ``steps >= 0``.
+
+    Like ``Pipeline.run``, this consumes ``state`` (its buffers are donated): use the one returned.
     """
     self._template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batches)
     return self._run(state, batches, True)

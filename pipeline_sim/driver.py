@@ -1,14 +1,16 @@
 """Training driver: asynchronous pipeline steps inside a jit-compiled ``lax.scan``.
 
-Given a sequence of P optimizers, every stage has its own optimizer and state (per-stage learning
-rates, momenta, refresh periods, gradient clipping). Given one optimizer, the modes in which every
-stage updates at every step (``weight_stashing``, ``no_stashing``) run it once over all stages'
-leaves with one state, as plain optax training would: one update, one compiled refresh per
-same-shape group of basis rotation instead of one per stage (``experiments.bench_pipeline``), and
-the same numbers as P copies for a transformation that treats leaves independently (not for
-``clip_by_global_norm``, nor for basis rotation's ``stagger`` offsets, which are spread over the
-leaves one instance sees: for per-stage behaviour pass per-stage optimizers, or use
-``optax.partition`` over the stage labels). One step ``i`` per micro-batch:
+Every stage has its own optimizer and state, as in a real pipeline, where stage k applies its
+update before the earlier stages have computed their gradients (``pipeline_sim.DevicePipeline``
+runs exactly this): one optimizer means P copies of it, each over its stage's leaves (so
+``clip_by_global_norm`` clips each stage by its own norm), and a sequence of P optimizers gives
+per-stage learning rates, momenta or refresh periods. ``merged=True`` instead runs one optimizer
+once over every stage's leaves with one state (modes ``weight_stashing`` and ``no_stashing``,
+where every stage updates at every step): one update and one compiled refresh per same-shape group
+of basis rotation instead of P (``experiments.bench_pipeline``). It computes the same numbers as
+the P copies for transformations that treat leaves independently (Adam, basis rotation without
+``stagger``), but a global-norm clip or ``stagger`` then spans every stage, which no real pipeline
+can do. One step ``i`` per micro-batch:
 
 - ``"weight_stashing"``: stage k keeps a ring of its last ``tau_k + 1`` weight versions; the
   gradient of micro-batch ``i`` is taken at ``(W_0(i - tau_0), ..., W_{P-1}(i - tau_{P-1}))`` and
@@ -53,22 +55,25 @@ class Pipeline:
 
   Args:
     loss_fn: ``loss(params, batch) -> scalar``; may be omitted when ``staged`` is given.
-    optimizer: a sequence of P ``optax.GradientTransformation`` (one per stage, each with its own
-      state), or one: in ``weight_stashing`` and ``no_stashing`` run once over all leaves with one
-      state (``merged``); in ``stale_gradients`` (stages start updating at different steps) each
-      stage gets its own state.
+    optimizer: one ``optax.GradientTransformation`` (P copies: each stage's own over its leaves, as
+      on devices) or a sequence of P (one per stage).
     labels: stage index of every parameter leaf (same structure as the parameters); the number of
       stages P is ``max(labels) + 1`` and every stage must own at least one leaf.
     mode: one of ``MODES``.
     staged: the model as P stage functions (required for ``"no_stashing"``).
     grad_norms: if true, ``run`` returns ``(state, (losses, grad_norms))``: also the global norm of
       each step's freshly computed gradient (all stages, before any clipping).
+    merged: run the one ``optimizer`` once over every stage's leaves with one state (not per stage;
+      see the module docstring); modes ``weight_stashing`` and ``no_stashing`` only.
+
+  ``run(state, batches)`` is jit-compiled and *consumes* ``state`` (its buffers are donated, so that
+  the pipeline is updated in place): use the state it returns, never the one passed in.
   """
 
   def __init__(self, loss_fn: Callable | None,
                optimizer: optax.GradientTransformation | Sequence[optax.GradientTransformation],
                labels, mode: str = "weight_stashing",
-               staged: Staged | None = None, grad_norms: bool = False):
+               staged: Staged | None = None, grad_norms: bool = False, merged: bool = False):
     if mode not in MODES:
       raise ValueError(f"unknown pipeline mode {mode!r}; choose from {MODES}")
     num_stages = num_stages_of(labels)
@@ -84,8 +89,12 @@ class Pipeline:
     single = isinstance(optimizer, optax.GradientTransformation)  # (itself a NamedTuple)
     if not single and len(optimizer) != num_stages:
       raise ValueError(f"got {len(optimizer)} optimizers for {num_stages} stages")
+    if merged and (not single or mode == "stale_gradients"):
+      raise ValueError("merged=True runs one optimizer over every stage at every step: it needs one "
+                       f"optimizer and mode 'weight_stashing' or 'no_stashing' (got mode {mode!r}"
+                       f"{'' if single else f' and {len(optimizer)} optimizers'})")
     self.optimizers = (optimizer,) * num_stages if single else tuple(optimizer)
-    self.merged = single and mode != "stale_gradients"
+    self.merged = merged
     self.loss_fn, self.labels, self.num_stages = loss_fn, labels, num_stages
     self.mode, self.staged, self.grad_norms = mode, staged, grad_norms
     self.run = jax.jit(self._run, donate_argnums=0)
@@ -151,7 +160,7 @@ class Pipeline:
                      for b, slot, p in zip(state.buffers, slots, new_parts)]
     params = merge_stages(new_parts, self.labels)
     new_state = PipelineState(i + 1, params, tuple(new_opt), tuple(new_buffers))
-    return new_state, ((loss, optax.global_norm(grad_parts)) if self.grad_norms else loss)
+    return new_state, ((loss, optax.tree.norm(grad_parts)) if self.grad_norms else loss)
 
   def _run(self, state: PipelineState, batches):
     return jax.lax.scan(self.step, state, batches)

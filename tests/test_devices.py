@@ -1,6 +1,7 @@
 """The real 1F1B pipeline across devices (pipeline_sim/devices.py) computes the emulator's
 trajectory. A subprocess with 4 forced CPU devices (the count is fixed when JAX starts), float64."""
 
+import numpy as np
 import pytest
 
 SCRIPT = r"""
@@ -69,17 +70,54 @@ for name, num_stages, n_data, mode, opt_name in cases:
 params, labels, staged = model(4)
 pipe = ps.DevicePipeline(staged, optax.adam(3e-2), labels, mesh=ps.pipeline_mesh(4, jax.devices()[:4]))
 state, steps, losses, direct = pipe.init(params, (xs[0], ys[0])), [], {}, []
+returned = []  # every (step, loss) that run returned with step >= 0: after a finish, none twice
 for c in range(0, M, CHUNK):
   parts = ps.split_stages(pipe.params(state), labels, 4)
   direct.append(float(staged.loss(parts, (xs[c], ys[c]))))  # at the weights after the flush
   state, out = pipe.run(state, (xs[c:c + CHUNK], ys[c:c + CHUNK]))
   for s, l in zip(*map(np.asarray, out[:2])):
-    if not np.isnan(l):
+    if s >= 0:
+      returned.append((int(s), float(l)))
       steps.append(int(s)); losses[int(s)] = float(l)
   state, out = pipe.finish(state)
   steps += [int(i) for i in out[0]]
   losses.update(zip(map(int, out[0]), map(float, out[1])))
-got["flush"] = {"steps": steps, "first": [losses[c] for c in range(0, M, CHUNK)], "direct": direct}
+got["flush"] = {"steps": steps, "first": [losses[c] for c in range(0, M, CHUNK)], "direct": direct,
+                "returned": returned}
+
+# One optimizer means per-stage copies in both pipelines: a global-norm clip clips each stage by
+# its own norm (the emulator's merged=True clips over all stages, which no device pipeline can).
+params, labels, staged = model(2)
+clip = optax.chain(optax.clip_by_global_norm(0.05), optax.adam(3e-2))
+mesh = ps.pipeline_mesh(2, jax.devices()[:4])
+finals = {}
+for form, opt in (("one", clip), ("list", [clip, clip])):
+  emu = ps.Pipeline(None, opt, labels, staged=staged)
+  finals["emulator-" + form] = emu.run(emu.init(params), (xs, ys))[0].params
+  pipe = ps.DevicePipeline(staged, opt, labels, mesh=mesh)
+  finals["devices-" + form] = pipe.params(device_run(pipe, params)[0])
+emu = ps.Pipeline(None, clip, labels, staged=staged, merged=True)
+finals["emulator-merged"] = emu.run(emu.init(params), (xs, ys))[0].params
+diff = lambda a, b: max(float(jnp.max(jnp.abs(finals[a][k] - finals[b][k]))) for k in params)
+got["clip"] = {f"{a} vs {b}": diff(a, b) for a, b in (
+    ("emulator-one", "devices-one"), ("emulator-list", "devices-list"), ("emulator-one", "emulator-list"),
+    ("emulator-merged", "devices-one"))}
+
+# A loss with a product of batch means (as the MoE load-balancing loss): with D data devices each
+# device computes it on its own shard and the gradients are averaged, i.e. the emulator's run of the
+# mean over the D shards' losses, not of the global batch's (documented in DevicePipeline).
+aux = lambda out, b: jnp.mean((out - b[1]) ** 2) + jnp.sum(jnp.mean(out, axis=0) ** 2)
+staged = ps.Staged(staged.stage_fns, loss_of=aux)
+pipe = ps.DevicePipeline(staged, optax.adam(3e-2), labels, mesh=mesh)
+_, _, dev_losses, _ = device_run(pipe, params)
+halves = lambda p, b: 0.5 * sum(staged.loss(ps.split_stages(p, labels, 2), (b[0][h], b[1][h]))
+                                for h in (slice(0, B // 2), slice(B // 2, B)))
+whole = lambda p, b: staged.loss(ps.split_stages(p, labels, 2), b)
+moe = {}
+for name, fn in (("shards", halves), ("global", whole)):
+  emu = ps.Pipeline(fn, optax.adam(3e-2), labels)
+  moe[name] = float(np.max(np.abs(np.asarray(emu.run(emu.init(params), (xs, ys))[1]) - np.array(dev_losses))))
+got["batch_means"] = moe
 
 errors = []
 params, labels, staged = model(2)
@@ -135,6 +173,23 @@ def test_a_flush_completes_the_micro_batches_in_flight_and_restarts_the_fill(got
   r = got["flush"]
   assert r["steps"] == list(range(8))
   assert max(abs(a - b) for a, b in zip(r["first"], r["direct"])) < 1e-12
+  # run after finish returns no micro-batch that finish returned (and no NaN for a real index)
+  returned = [s for s, _ in r["returned"]]
+  assert len(returned) == len(set(returned)) and all(np.isfinite(l) for _, l in r["returned"])
+
+
+def test_one_optimizer_means_per_stage_copies_in_both_pipelines(got):
+  r = got["clip"]
+  for pair in ("emulator-one vs devices-one", "emulator-list vs devices-list",
+               "emulator-one vs emulator-list"):
+    assert r[pair] < 1e-12, (pair, r)
+  assert r["emulator-merged vs devices-one"] > 1e-3, r  # the control: a clip over all stages differs
+
+
+def test_batch_mean_products_are_per_data_shard_on_devices(got):
+  r = got["batch_means"]
+  assert r["shards"] < 1e-12, r  # the emulator's run of the per-shard mean of losses
+  assert r["global"] > 1e-4, r  # not the global batch's loss
 
 
 def test_bad_layouts_are_refused(got):

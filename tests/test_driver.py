@@ -207,10 +207,11 @@ def test_p1_every_mode_equals_plain_training():
       np.testing.assert_allclose(w, r, rtol=1e-5)
 
 
-def test_one_optimizer_runs_merged_and_matches_per_stage_copies():
-  """One optimizer in weight_stashing / no_stashing is one update over every stage's leaves: the
-  same numbers as P separate copies for leaf-wise transformations (Adam, basis rotation), and
-  not for a global-norm clip (the control: a merged clip sees every stage's gradient)."""
+def test_one_optimizer_is_per_stage_copies_and_merged_is_one_update():
+  """One optimizer means P per-stage copies (a real pipeline's, and DevicePipeline's, meaning): the
+  same numbers as a list of P. ``merged=True`` is one update over every stage's leaves: equal for
+  leaf-wise transformations (Adam, basis rotation), and not for a global-norm clip (the control:
+  a merged clip sees every stage's gradient)."""
   import rotation
   num_stages = 3
   rng = np.random.default_rng(7)
@@ -222,24 +223,31 @@ def test_one_optimizer_runs_merged_and_matches_per_stage_copies():
   xs = jnp.asarray(rng.normal(size=(12, 2, 4)), jnp.float32)
   ys = jnp.asarray(rng.normal(size=(12, 2, 4)), jnp.float32)
 
-  def run(opt, mode):
-    pipe = ps.Pipeline(None, opt, labels, mode, staged)
+  def run(opt, mode, merged=False):
+    pipe = ps.Pipeline(None, opt, labels, mode, staged, merged=merged)
     state, losses = pipe.run(pipe.init(params), (xs, ys))
     return pipe, state, losses
 
+  close = lambda a, b: all(np.allclose(x, y, rtol=1e-5, atol=1e-6)
+                           for x, y in zip(a.params["w"], b.params["w"]))
   for opt in (optax.adam(0.05), rotation.basis_rotation(0.05, refresh_every=3)):
     for mode in ("weight_stashing", "no_stashing"):
-      pipe, merged, losses = run(opt, mode)
+      pipe, merged, losses = run(opt, mode, merged=True)
       assert pipe.merged and len(merged.opt_states) == 1
       pipe, apart, ref = run([opt] * num_stages, mode)
       assert not pipe.merged and len(apart.opt_states) == num_stages
       np.testing.assert_allclose(losses, ref, rtol=1e-5, atol=1e-6)
-      for w, r in zip(merged.params["w"], apart.params["w"]):
-        np.testing.assert_allclose(w, r, rtol=1e-5, atol=1e-6)
+      assert close(merged, apart)
   clip = optax.chain(optax.clip_by_global_norm(1e-3), optax.sgd(1.0))
-  _, merged, _ = run(clip, "weight_stashing")
+  _, one, _ = run(clip, "weight_stashing")
   _, apart, _ = run([clip] * num_stages, "weight_stashing")
+  _, merged, _ = run(clip, "weight_stashing", merged=True)
+  assert len(one.opt_states) == num_stages and close(one, apart)  # one optimizer = P copies
   assert np.abs(np.asarray(merged.params["w"][0]) - np.asarray(apart.params["w"][0])).max() > 1e-5
+  for bad in (dict(optimizer=[clip] * num_stages, mode="weight_stashing"),
+              dict(optimizer=clip, mode="stale_gradients")):
+    with pytest.raises(ValueError, match="merged=True runs one optimizer"):
+      ps.Pipeline(None, staged=staged, labels=labels, merged=True, **bad)
 
 
 def test_buffer_memory_and_no_recompilation_across_chunks():
