@@ -13,11 +13,13 @@ gradient norm, seconds) while the run trains.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import pathlib
 import platform
+import subprocess
 import time
 import warnings
 from importlib import metadata
@@ -26,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 import pipeline_sim as ps
 from experiments import methods
@@ -158,21 +161,56 @@ class RunConfig:
 OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False}
 
 
-def identity(config: RunConfig, data_sha256: str, vocab_size: int) -> dict:
-  """Everything that changes a run's numbers: its config, the data's hash and the vocabulary."""
+def device_count(config: RunConfig) -> int:
+  """Devices a run of ``config`` uses here: every device of the data mesh (all processes') for the
+  emulator, the local ones for the device pipeline (``P`` stages x the rest on ``data``)."""
+  return jax.local_device_count() if config.execution == "devices" else jax.device_count()
+
+
+def identity(config: RunConfig, data_sha256: str, vocab_size: int, devices: int = 1) -> dict:
+  """Everything that changes a run's numbers: its config, the data's hash, the vocabulary and the
+  device count (the data-parallel reduction order; on devices also the state's ``(P, D)``
+  layout, which a checkpoint must match). One device is left out, so that the folders of runs
+  recorded before the count was part of the identity keep their names.
+
+  The code's version is not part of it (every commit would orphan every finished run): a finished
+  run is reused and records the code that made it (``result.json``), and a checkpoint written by
+  other code is never resumed (``train`` restarts the run, with a warning).
+  """
   fields = {k: v for k, v in dataclasses.asdict(config).items()
             if not (k in OPTIONAL_FIELDS and v == OPTIONAL_FIELDS[k])}
-  return {"config": fields, "data_sha256": data_sha256, "vocab_size": vocab_size}
+  out = {"config": fields, "data_sha256": data_sha256, "vocab_size": vocab_size}
+  if devices != 1:
+    out["devices"] = int(devices)
+  return out
 
 
-def run_name(config: RunConfig, data_sha256: str, vocab_size: int) -> str:
+def run_name(config: RunConfig, data_sha256: str, vocab_size: int, devices: int = 1) -> str:
   """The run's folder name: readable settings plus a hash of its whole identity."""
-  blob = json.dumps(identity(config, data_sha256, vocab_size), sort_keys=True)
+  blob = json.dumps(identity(config, data_sha256, vocab_size, devices), sort_keys=True)
   return f"{config.name}_{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
+@functools.cache
+def code_version() -> dict:
+  """This project's version and, in a git checkout, its commit (``None`` elsewhere)."""
+  try:
+    version = metadata.version("staleness-rotation")
+  except metadata.PackageNotFoundError:
+    version = None
+  root = pathlib.Path(__file__).resolve().parents[1]
+  commit = None
+  if (root / ".git").exists():
+    try:
+      commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+      commit = None
+  return {"version": version, "commit": commit}
+
+
 def versions() -> dict:
-  out = {"python": platform.python_version(), "jax_backend": jax.default_backend()}
+  out = {"python": platform.python_version(), "jax_backend": jax.default_backend(), "code": code_version()}
   for pkg in ("jax", "jaxlib", "optax", "flax", "orbax-checkpoint", "numpy"):
     try:
       out[pkg] = metadata.version(pkg)
@@ -184,6 +222,13 @@ def versions() -> dict:
 def is_primary() -> bool:
   """Process 0 writes the run's files; with several processes (hosts) the others only compute."""
   return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+  """With several processes: wait until every process gets here (after process 0 changed files
+  that the others then read); a no-op in one process."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
 
 
 def initialize_distributed(environ=os.environ) -> bool:
@@ -207,7 +252,8 @@ def initialize_distributed(environ=os.environ) -> bool:
   return True
 
 
-def _write_json(path: pathlib.Path, obj) -> None:
+def write_json(path: pathlib.Path, obj) -> None:
+  """Writes ``obj`` as JSON, atomically, from process 0 only."""
   if not is_primary():
     return
   tmp = path.with_suffix(".tmp")
@@ -217,10 +263,10 @@ def _write_json(path: pathlib.Path, obj) -> None:
 
 def _read_json(path: pathlib.Path) -> dict | None:
   """A JSON file's content, ``None`` if it is missing; a damaged file is an error naming it."""
-  if not path.exists():
-    return None
   try:
     return json.loads(path.read_text())
+  except FileNotFoundError:  # (also when process 0 just set it aside)
+    return None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise DamagedFileError(f"{path}: damaged ({e})") from e
 
@@ -230,13 +276,15 @@ class DamagedFileError(ValueError):
 
 
 def load_result(run_dir) -> dict | None:
-  """The finished run's result, or ``None`` (unfinished, or a damaged result that is set aside)."""
+  """The finished run's result, or ``None`` (unfinished, or a damaged result that process 0 sets
+  aside as ``result.damaged``)."""
   path = pathlib.Path(run_dir) / "result.json"
   try:
     return _read_json(path)
   except DamagedFileError as e:
-    warnings.warn(f"{e}; the run will be resumed from its checkpoint or restarted", stacklevel=2)
-    os.replace(path, path.with_suffix(".damaged"))
+    if is_primary():
+      warnings.warn(f"{e}; the run will be resumed from its checkpoint or restarted", stacklevel=2)
+      os.replace(path, path.with_suffix(".damaged"))
     return None
 
 
@@ -293,8 +341,10 @@ def _lag(pipe) -> int:
 class _Checkpoints:
   """Orbax checkpoints of (pipeline state, loss history) at chunk boundaries.
 
-  The two newest are kept: a checkpoint that cannot be restored (a truncated file) is reported and
-  the previous one is used; with none left the run restarts from step 0.
+  The two newest are kept, with ``code.json`` naming the code that wrote them. A checkpoint that
+  cannot be restored (a truncated file) is reported, moved to ``checkpoints.damaged/`` (else
+  Orbax would refuse to save any step up to it) and the previous one is used; checkpoints of other
+  code are moved to ``checkpoints.other-code/``; with none left the run restarts from step 0.
   """
 
   def __init__(self, directory: pathlib.Path):
@@ -306,20 +356,53 @@ class _Checkpoints:
     item = {"state": state, "losses": losses, "val": val_losses}
     self.manager.save(step, args=ocp.args.StandardSave(item))
     self.manager.wait_until_finished()
+    write_json(self.directory / "code.json", code_version())
 
-  def restore(self, template, losses, val_losses):
-    """(step, state, losses, val_losses) of the newest readable checkpoint, or ``None``."""
+  def _set_aside(self, steps, where: str) -> None:
+    """Moves the checkpoints of ``steps`` out of Orbax's folder (process 0; the others wait)."""
+    if is_primary():
+      for step in steps:
+        target = self.directory.parent / where / str(step)
+        n = 1
+        while target.exists():
+          target, n = target.with_name(f"{step}.{n}"), n + 1
+        target.parent.mkdir(exist_ok=True)
+        os.replace(self.directory / str(step), target)
+    barrier(f"checkpoints set aside in {self.directory}")
+    self.manager.reload()
+
+  def restore(self, template, losses, val_losses, read_only=False):
+    """(step, state, losses, val_losses) of the newest readable checkpoint, or ``None``.
+
+    ``read_only`` (diagnostics of a trained run): any code's checkpoints, nothing set aside."""
+    steps = sorted(self.manager.all_steps(), reverse=True)
+    try:
+      code = _read_json(self.directory / "code.json")
+    except DamagedFileError:
+      code = None
+    if steps and code != code_version() and not read_only:
+      warnings.warn(f"the checkpoints in {self.directory} were written by other code ({code}, now "
+                    f"{code_version()}); restarting the run from step 0", stacklevel=2)
+      self._set_aside(steps, "checkpoints.other-code")
+      return None
     item = {"state": template, "losses": losses, "val": val_losses}
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, item)
-    for step in sorted(self.manager.all_steps(), reverse=True):
+    damaged = []
+    for step in steps:
       try:
         got = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
       except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for damaged files
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        aside = "" if read_only else f"set aside in {self.directory.parent / 'checkpoints.damaged'}, "
         warnings.warn(f"checkpoint {self.directory / str(step)} cannot be restored ({first}); "
-                      "trying an older one", stacklevel=2)
+                      f"{aside}trying an older one", stacklevel=2)
+        damaged.append(step)
         continue
+      if damaged and not read_only:
+        self._set_aside(damaged, "checkpoints.damaged")
       return step, got["state"], np.asarray(got["losses"]), np.asarray(got["val"])
+    if damaged and not read_only:
+      self._set_aside(damaged, "checkpoints.damaged")
     return None
 
 
@@ -330,7 +413,7 @@ def check_identity(run_dir: pathlib.Path, ident: dict) -> None:
   except DamagedFileError:
     saved = None  # rewritten below; the folder name already carries the identity's hash
   if saved is None:
-    _write_json(run_dir / "identity.json", ident)
+    write_json(run_dir / "identity.json", ident)
     return
   if saved != ident:
     keys = set(ident["config"]) | set(saved.get("config", {}))
@@ -357,13 +440,19 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
   """
   run_dir = pathlib.Path(run_dir)
   config.validate()
-  run_dir.mkdir(parents=True, exist_ok=True)
-  ident = identity(config, ds.sha256, ds.vocab_size)
+  if is_primary():
+    run_dir.mkdir(parents=True, exist_ok=True)
+  barrier(f"run folder {run_dir}")
+  mesh = ps.data_mesh(devices)
+  if config.execution == "devices":
+    count = jax.local_device_count() if devices is None else len(list(devices))
+  else:
+    count = mesh.size
+  ident = identity(config, ds.sha256, ds.vocab_size, count)
   check_identity(run_dir, ident)
   done = load_result(run_dir)
   if done is not None:
     return done
-  mesh = ps.data_mesh(devices)
   if config.batch_size % mesh.size:
     raise ValueError(f"batch_size {config.batch_size} is not divisible by the {mesh.size} devices; "
                      "choose a multiple (--batch-size)")
@@ -395,9 +484,12 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
     losses, val_losses = losses.copy(), val_losses.copy()
     timing.update(_read_json(run_dir / "timing.json") or {})
     _truncate_log(log, step - _lag(pipe))
+  note = {} if restored is None else {"resumed at": step}
   if progress is not None:
     progress.reset(total=config.steps)
     progress.update(step)
+    if note:
+      progress.set_postfix(note, refresh=True)
   first_chunk = True
 
   def log_steps(done, chunk_losses, grad_norms, seconds, val_loss=None):
@@ -434,14 +526,15 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
       val_loss = val_losses[step // config.eval_every] = float(evaluate(_params(pipe, state)))
     log_steps(done, chunk_losses, grad_norms, elapsed / config.chunk, val_loss)
     if progress is not None:
-      progress.set_postfix(loss=f"{np.mean(chunk_losses):.3f}" if len(done) else "-", refresh=False)
+      progress.set_postfix({**note, "loss": f"{np.mean(chunk_losses):.3f}" if len(done) else "-"},
+                           refresh=False)
       progress.update(config.chunk)
     if not finite:
       status = "diverged"
       break
     if step % config.checkpoint_every == 0 and step < config.steps:
       ckpt.save(step, state, losses, val_losses)
-      _write_json(run_dir / "timing.json", timing)
+      write_json(run_dir / "timing.json", timing)
   if status == "finished":
     state, (done, tail_losses, tail_norms) = _drain(pipe, state)
     val_loss = None
@@ -465,7 +558,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
                "vocab_size": ds.vocab_size},
       "versions": versions(), "devices": mesh.size,
   }
-  _write_json(run_dir / "result.json", result)
+  write_json(run_dir / "result.json", result)
   return result
 
 
@@ -512,13 +605,14 @@ def _truncate_log(log: pathlib.Path, step: int) -> None:
 def restore_state(config: RunConfig, ds: Dataset, run_dir):
   """(pipeline, trained pipeline state, loss_fn) of a run, from its last checkpoint."""
   run_dir = pathlib.Path(run_dir)
-  check_identity(run_dir, identity(config, ds.sha256, ds.vocab_size))
+  saved = _read_json(run_dir / "identity.json") or {}
+  check_identity(run_dir, identity(config, ds.sha256, ds.vocab_size, saved.get("devices", 1)))
   if config.execution != "emulated":
     raise ValueError(f"{run_dir} ran with execution {config.execution!r}; only emulated runs can be restored")
   pipe, state, _, loss_fn = build(config, ds)
   losses = np.zeros(config.steps, np.float32)
   val = np.zeros(config.steps // config.eval_every + 1, np.float32)
-  restored = _Checkpoints(run_dir / "checkpoints").restore(state, losses, val)
+  restored = _Checkpoints(run_dir / "checkpoints").restore(state, losses, val, read_only=True)
   if restored is None:
     raise FileNotFoundError(f"no readable checkpoint under {str(run_dir)!r}")
   return pipe, restored[1], loss_fn

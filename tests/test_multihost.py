@@ -1,5 +1,6 @@
 """Two processes (hosts) of 2 CPU devices each train one run together after
-``jax.distributed.initialize()`` (Gloo collectives), and get the 1-process numbers."""
+``jax.distributed.initialize()`` (Gloo collectives), and get the 1-process numbers; on their shared
+folder only process 0 writes, probes or sets files aside."""
 
 import json
 import os
@@ -17,9 +18,13 @@ import json, pathlib, sys
 import jax
 from experiments import data, runs
 assert runs.initialize_distributed()
+from experiments import sweep
+root = pathlib.Path(sys.argv[1])
+sweep.prepare_out(root / "out")  # process 0 probes the folder, the other waits
+runs.write_json(root / "out" / "tuning.json", {"writer": jax.process_index()})  # process 0 only
 config = runs.RunConfig(method="pipedream", stages=2, steps=10, batch_size=4, model="cpu-tiny", chunk=10,
                         eval_every=10, eval_batches=1, checkpoint_every=10)
-result = runs.train(config, data.default_corpus(32), pathlib.Path(sys.argv[1]) / "run")
+result = runs.train(config, data.default_corpus(32), root / "run")
 print(json.dumps({"process": jax.process_index(), "devices": [jax.device_count(), jax.local_device_count()],
                   "losses": result["losses"], "val": result["val_losses"]}))
 """
@@ -33,6 +38,8 @@ def _free_port():
 
 def test_two_processes_train_one_run_and_match_one_process(tmp_path):
   port = _free_port()
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "result.json").write_text('{"trunc')  # damaged: set aside once, by process 0
   procs = []
   for i in range(2):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
@@ -45,6 +52,9 @@ def test_two_processes_train_one_run_and_match_one_process(tmp_path):
   got = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
   assert [g["process"] for g in got] == [0, 1] and all(g["devices"] == [4, 2] for g in got)
   assert got[0]["losses"] == got[1]["losses"]  # one SPMD program: both hosts see the same numbers
+  assert json.loads((tmp_path / "out" / "tuning.json").read_text()) == {"writer": 0}
+  assert (tmp_path / "run" / "result.damaged").read_text() == '{"trunc'
+  assert not (tmp_path / "out" / ".write-test").exists()
   # process 0 alone wrote the run's files
   result = json.loads((tmp_path / "run" / "result.json").read_text())
   assert result["devices"] == 4 and result["losses"] == got[0]["losses"]

@@ -90,3 +90,74 @@ def test_bfloat16_activations_train_with_float32_state(tmp_path, corpus, trained
   assert not np.array_equal(losses, f32)
   pipe, state, _, _ = runs.build(config, corpus)
   assert all(x.dtype == np.float32 for x in jax.tree.leaves(state.params))
+
+
+class _Stop(Exception):
+  pass
+
+
+class _StopAt:
+  """A progress bar that interrupts the run once ``stop_at`` steps are done; records where it
+  resumed (its first ``update``)."""
+
+  def __init__(self, stop_at):
+    self.n, self.stop_at, self.first = 0, stop_at, None
+
+  def reset(self, total):
+    self.n = 0
+
+  def set_postfix(self, *args, **kwargs):
+    pass
+
+  def update(self, k):
+    self.first = k if self.first is None else self.first
+    self.n += k
+    if self.n >= self.stop_at:
+      raise _Stop
+
+
+def _damage_checkpoints(run_dir):
+  for f in (run_dir / "checkpoints").rglob("*"):
+    if f.is_file() and f.stat().st_size > 0 and "metadata" not in f.name and f.parent.name != "checkpoints":
+      f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
+
+
+def test_two_interruptions_after_damaged_checkpoints_lose_only_the_last_chunk(tmp_path, corpus):
+  # Every checkpoint (10, 20) damaged: the run restarts from 0. Orbax refuses to save a step at or
+  # below its newest, so unless the damaged ones are set aside no progress would be saved before
+  # step 30, and a second interruption would restart from 0 again.
+  config = dataclasses.replace(CONFIG, steps=50)
+  run_dir = tmp_path / "run"
+  with pytest.raises(_Stop):
+    runs.train(config, corpus, run_dir, progress=_StopAt(30))  # checkpoints 10, 20
+  _damage_checkpoints(run_dir)
+  with pytest.warns(UserWarning, match="cannot be restored"):
+    with pytest.raises(_Stop):
+      runs.train(config, corpus, run_dir, progress=_StopAt(30))  # restarts at 0, saves 10 and 20
+  assert sorted(p.name for p in (run_dir / "checkpoints.damaged").iterdir()) == ["10", "20"]
+  bar = _StopAt(10**9)
+  resumed = runs.train(config, corpus, run_dir, progress=bar)
+  assert bar.first == 20  # resumed at the newest checkpoint of the second try
+  clean = runs.train(config, corpus, tmp_path / "clean")
+  assert resumed["losses"] == clean["losses"] and resumed["status"] == "finished"
+
+
+def test_checkpoints_of_other_code_are_not_resumed(tmp_path, corpus, monkeypatch):
+  run_dir = tmp_path / "run"
+  with pytest.raises(_Stop):
+    runs.train(CONFIG, corpus, run_dir, progress=_StopAt(20))  # checkpoint 10
+  assert json.loads((run_dir / "checkpoints" / "code.json").read_text()) == runs.code_version()
+  monkeypatch.setattr(runs, "code_version", lambda: {"version": "9.9", "commit": "f00"})
+  bar = _StopAt(10**9)
+  with pytest.warns(UserWarning, match="written by other code.*restarting the run from step 0"):
+    result = runs.train(CONFIG, corpus, run_dir, progress=bar)
+  assert bar.first == 0 and result["status"] == "finished" and result["versions"]["code"]["commit"] == "f00"
+  assert (run_dir / "checkpoints.other-code" / "10").is_dir()
+
+
+def test_device_count_is_part_of_the_identity(corpus):
+  one = runs.run_name(CONFIG, corpus.sha256, 256)
+  assert runs.run_name(CONFIG, corpus.sha256, 256, devices=1) == one  # older runs keep their folders
+  assert runs.run_name(CONFIG, corpus.sha256, 256, devices=4) != one
+  assert runs.identity(CONFIG, corpus.sha256, 256, 4)["devices"] == 4
+  assert runs.code_version()["version"] == "0.1.0"
