@@ -12,10 +12,7 @@ import functools
 from collections.abc import Callable
 
 from experiments import report
-from experiments.methods import BASELINES
-
-VARIANTS = ("rotation", "rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni")
-ALLOCATIONS = ("rotation", "rotation-sa", "rotation-sa-reverse")
+from experiments.methods import ALLOCATIONS, BASELINES, VARIANTS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,6 +48,8 @@ METHODS = {
 
 
 BASELINES = ("pipedream", "pipedream-lr", "nesterov")  # the asynchronous baselines of the study
+VARIANTS = ("rotation", "rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni")  # the 2 x 2 taxonomy
+ALLOCATIONS = ("rotation", "rotation-sa", "rotation-sa-reverse")  # uniform, proportional, reverse refresh
 
 
 def check_method(name: str) -> Method:

@@ -15,7 +15,7 @@ import pathlib
 import numpy as np
 
 from experiments import metrics, plots
-from experiments.methods import BASELINES
+from experiments.methods import ALLOCATIONS, BASELINES, VARIANTS
 
 
 def curve_of(result: dict) -> np.ndarray:
@@ -47,11 +47,15 @@ def mean_curves(curves: dict) -> dict:
   return {k: np.mean(list(v.values()), axis=0) for k, v in curves.items()}
 
 
+def seed_tables(curves: dict, window: int, baselines=BASELINES) -> list:
+  """One study table (``metrics.study_table``) per seed that every curve shares."""
+  seeds = sorted(set.intersection(*(set(v) for v in curves.values()))) if curves else []
+  return [metrics.study_table({k: v[s] for k, v in curves.items()}, baselines, window) for s in seeds]
+
+
 def study_rows(curves: dict, window: int, baselines=BASELINES) -> list:
   """Per-seed study tables aggregated over the seeds every curve shares."""
-  seeds = sorted(set.intersection(*(set(v) for v in curves.values()))) if curves else []
-  tables = [metrics.study_table({k: v[s] for k, v in curves.items()}, baselines, window) for s in seeds]
-  return metrics.aggregate(tables)
+  return metrics.aggregate(seed_tables(curves, window, baselines))
 
 
 def fmt(x, spec="{:.2f}", none="never"):
@@ -174,6 +178,7 @@ def stage_aware_rows(curves, methods: tuple, window: int):
       ok = bool(vals) and all(v is not None for v in vals)
       row[field] = float(np.mean(vals)) if ok else None
       row[field + "_lo"], row[field + "_hi"] = (min(vals), max(vals)) if ok else (None, None)
+    row["per_seed"] = speeds
     rows[m] = row
   return top, rows
 
@@ -217,93 +222,167 @@ def scaling_section(ctx: Context, name: str, results) -> list:
   return lines
 
 
-def _verdict(ok):
-  return "n/a" if ok is None else ("reproduced" if ok else "**not reproduced**")
-
-
 def _at(rows, method, p):
   return next((r for r in rows if r["method"] == method and r["stages"] == p), None)
 
 
-def claims_section(ctx: Context, main_rows, groups) -> list:
-  """Each claim of the paper that this sweep measured: the paper's number, ours, the verdict."""
+def verdict(checks) -> str:
+  """One claim's verdict from its per-seed checks ``[(holds, reason if not)]``: reproduced only
+  when it holds in every seed; otherwise not reproduced, with the failing seeds' reasons. A run
+  that diverged, or a target never reached, fails the claim with its reason (never "n/a")."""
+  if not checks:
+    return "**not reproduced** (not measured)"
+  fails = [reason for ok, reason in checks if not ok]
+  if not fails:
+    return "reproduced" + (f" (all {len(checks)} seeds)" if len(checks) > 1 else "")
+  seeds = f"{len(fails)} of {len(checks)} seeds: " if len(checks) > 1 else ""
+  return f"**not reproduced** ({seeds}{'; '.join(dict.fromkeys(fails))})"
+
+
+def _least(values: dict, method: str):
+  """(holds, reason) for "``method``'s value is the smallest": a missing value of another method
+  (diverged, never reached) counts as infinitely large, a missing own value fails."""
+  own = values.get(method)
+  if own is None:
+    return False, f"{method} diverged or never reached its own loss"
+  others = {m: (np.inf if v is None else v) for m, v in values.items() if m != method}
+  best = min(others, key=others.get) if others else None
+  if best is None or own < others[best]:
+    return True, None
+  return False, f"{best} {others[best]:.2f} <= {method} {own:.2f}"
+
+
+def _fewer(row, what: str = "rotation"):
+  """(holds, reason) for "fewer iterations than the best baseline" from one seed's row."""
+  if row is None:
+    return False, f"{what}: no run"
+  if row["fewer"] is not None:
+    return row["fewer"] > 0, None if row["fewer"] > 0 else f"{row['fewer']:+.1f}%"
+  if row["final"] is None:
+    return False, f"{what} diverged or did not finish"
+  if row["target"] is None:
+    return False, "no baseline finished (no target)"
+  return False, f"{what} never reached the best baseline's final loss"
+
+
+def _final(row) -> float:
+  """A row's final smoothed loss; ``inf`` for a run that diverged or did not finish."""
+  return np.inf if row is None or row["final"] is None else row["final"]
+
+
+def claims_section(ctx: Context, main_tables, groups) -> list:
+  """Each claim of the paper that this sweep measured: the paper's number, ours (mean [min, max]
+  over seeds) and the verdict from per-seed checks (``verdict``).
+
+  Args:
+    main_tables: the main study's per-seed tables (``seed_tables``).
+    groups: ``{ablation name: results}``.
+  """
   out = []
+  main_rows = metrics.aggregate(main_tables)
 
-  def add(claim, paper, ours, ok):
-    out.append(f"| {claim} | {paper} | {ours} | {_verdict(ok)} |")
+  def add(claim, paper, ours, checks):
+    out.append(f"| {claim} | {paper} | {ours} | {verdict(checks)} |")
 
-  if main_rows:
-    top = max(r["stages"] for r in main_rows)
+  def study(name):
+    tables = seed_tables(curves_by(groups[name]), ctx.window)
+    rows = metrics.aggregate(tables)
+    return tables, rows, max(r["stages"] for r in rows)
+
+  top = max((r["stages"] for r in main_rows), default=1)
+  if main_rows and top == 1:
+    out.append("| every claim about staleness | P up to 32 | this sweep ran P = 1 only | not measured |")
+  elif main_rows:
     rot = _at(main_rows, "rotation", top)
-    base = [(_at(main_rows, b, top), b) for b in BASELINES if _at(main_rows, b, top)]
+    base = [b for b in BASELINES if _at(main_rows, b, top)]
     if rot is not None and base:
-      vals = [(r["slowdown_own"], b) for r, b in base]
-      ok = rot["slowdown_own"] is not None and all(v is not None and rot["slowdown_own"] < v for v, _ in vals)
       ours = f"rotation {cell(rot, 'slowdown_own')}; " + ", ".join(
-          f"{b} {cell(r, 'slowdown_own')}" for r, b in base)
+          f"{b} {cell(_at(main_rows, b, top), 'slowdown_own')}" for b in base)
       add(f"rotation slows down least from P = 1 to P = {top}",
-          "1.27x vs PipeDream 5.81x, PipeDream-LR 4.24x, Nesterov ~4x (P = 32)", ours, ok)
-      ok = None if rot["fewer"] is None else rot["fewer"] > 0
+          "1.27x vs PipeDream 5.81x, PipeDream-LR 4.24x, Nesterov ~4x (P = 32)", ours,
+          [_least({m: (_at(rows, m, top) or {}).get("slowdown_own") for m in base + ["rotation"]},
+                  "rotation") for rows in main_tables])
       add(f"rotation needs fewer iterations than the best baseline at P = {top}",
-          "71.6% fewer (95M, P = 32)", cell(rot, "fewer", "{:+.1f}%", "n/a (target never reached)"), ok)
+          "71.6% fewer (95M, P = 32)", cell(rot, "fewer", "{:+.1f}%", "never"),
+          [_fewer(_at(rows, "rotation", top)) for rows in main_tables])
   if "variants" in groups:
-    rows = study_rows(curves_by(groups["variants"]), ctx.window)
-    top = max(r["stages"] for r in rows)
-    order = ["rotation", "rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni"]
-    vals = {m: (_at(rows, m, top) or {}).get("slowdown_own") for m in order}
-    if all(v is not None for v in vals.values()):
-      ours = ", ".join(f"{m} {v:.2f}" for m, v in vals.items())
-      add(f"second-order bilateral slows down least of the 2 x 2 taxonomy (P = {top})",
-          "2nd/bi 1.27, 2nd/uni 1.66, 1st/bi 1.77, 1st/uni 2.55", ours,
-          vals["rotation"] == min(vals.values()))
+    tables, rows, vtop = study("variants")
+    vals = {m: (_at(rows, m, vtop) or {}).get("slowdown_own") for m in VARIANTS}
+    add(f"second-order bilateral slows down least of the 2 x 2 taxonomy (P = {vtop})",
+        "2nd/bi 1.27, 2nd/uni 1.66, 1st/bi 1.77, 1st/uni 2.55",
+        ", ".join(f"{m} {fmt(v)}" for m, v in vals.items()),
+        [_least({m: (_at(r, m, vtop) or {}).get("slowdown_own") for m in VARIANTS}, "rotation")
+         for r in tables])
   if "stage-aware" in groups:
-    from experiments.ablations import ALLOCATIONS  # (ablations imports this module)
     _, rows = stage_aware_rows(curves_by(groups["stage-aware"]), ALLOCATIONS, ctx.window)
-    pr, rv = rows["rotation-sa"], rows["rotation-sa-reverse"]
-    if pr["speed"] is not None:
-      add("stage-aware (proportional) refresh converges faster than uniform at equal budget",
-          "+29.2%", cell(pr, "speed", "{:+.1f}%"), pr["speed"] > 0)
-    if rv["speed"] is not None:
-      add("reverse allocation does worse than uniform", "worse", cell(rv, "speed", "{:+.1f}%"),
-          rv["speed"] < 0)
-  if "no-stashing" in groups:
-    rows = study_rows(curves_by(groups["no-stashing"]), ctx.window)
-    top = max(r["stages"] for r in rows)
-    stash = {r["method"]: r["final"] for r in main_rows if r["stages"] == top}
-    loss = {r["method"]: r["final"] for r in rows if r["stages"] == top}
-    deg = {m: loss[m] - stash[m] for m in loss if m in stash and None not in (loss[m], stash[m])}
-    if "rotation" in deg and len(deg) > 1:
-      least = min(v for m, v in deg.items() if m != "rotation")
-      ours = ", ".join(f"{m} {v:+.3f}" for m, v in deg.items())
-      add(f"without weight stashing rotation degrades less than every baseline (final-loss change, "
-          f"P = {top})", "baselines severely, rotation barely", ours, deg["rotation"] < least)
+    why = "an allocation diverged or never reached the target"
+    for method, claim, paper, sign in (
+        ("rotation-sa", "stage-aware (proportional) refresh converges faster than uniform at equal "
+         "budget", "+29.2%", 1), ("rotation-sa-reverse", "reverse allocation does worse than uniform",
+                                  "worse", -1)):
+      add(claim, paper, cell(rows[method], "speed", "{:+.1f}%", "never"),
+          [(v is not None and sign * (v - 1) > 0, why if v is None else f"{100 * (v - 1):+.1f}%")
+           for v in rows[method]["per_seed"]])
+  if "no-stashing" in groups and main_rows and top > 1:
+    tables, _, ntop = study("no-stashing")
+    names = [m for m in BASELINES + ("rotation",) if _at(main_rows, m, ntop)]
+    # final-loss change without stashing, per seed; inf when the run without stashing diverged
+    per_seed = [{m: _final(_at(b, m, ntop)) - _final(_at(a, m, ntop)) for m in names}
+                for a, b in zip(main_tables, tables)]
+    mean = {m: float(np.mean([d[m] for d in per_seed])) for m in names}
+
+    def check(d):
+      if not np.isfinite(d["rotation"]):
+        return False, "rotation diverged or did not finish"
+      worse = [m for m in names if m != "rotation" and d[m] <= d["rotation"]]
+      return not worse, f"rotation degrades more than {', '.join(worse)}" if worse else None
+
+    add(f"without weight stashing rotation degrades less than every baseline (final-loss change, "
+        f"P = {ntop})", "baselines severely, rotation barely",
+        ", ".join(f"{m} {v:+.3f}" if np.isfinite(v) else f"{m} diverged" for m, v in mean.items()),
+        [check(d) for d in per_seed])
   if "refresh-period" in groups:
-    rows = study_rows(curves_by(groups["refresh-period"]), ctx.window)
-    top = max(r["stages"] for r in rows)
-    a, b = _at(rows, "rotation", top), _at(rows, "rotation-T100", top)
-    if a and b and None not in (a["final"], b["final"]):
-      add(f"refresh period 10 beats 100 (final loss, P = {top})", "T = 10 better",
-          f"{cell(a, 'final', '{:.3f}')} vs {cell(b, 'final', '{:.3f}')}", a["final"] < b["final"])
+    tables, rows, rtop = study("refresh-period")
+    a, b = _at(rows, "rotation", rtop), _at(rows, "rotation-T100", rtop)
+    add(f"refresh period 10 beats 100 (final loss, P = {rtop})", "T = 10 better",
+        f"{cell(a, 'final', '{:.3f}', 'diverged')} vs {cell(b, 'final', '{:.3f}', 'diverged')}",
+        [(_final(_at(r, "rotation", rtop)) < _final(_at(r, "rotation-T100", rtop)),
+          "T = 100 ends lower" if np.isfinite(_final(_at(r, "rotation", rtop))) else "T = 10 diverged")
+         for r in tables])
+    if main_rows and rtop == top:
+      best = lambda rows: min(_final(_at(rows, x, top)) for x in BASELINES)
+      add(f"even with refresh period 100 rotation ends below every baseline (final loss, P = {top})",
+          "T = 100 still leads the baselines",
+          f"rotation-T100 {cell(b, 'final', '{:.3f}', 'diverged')}; " + ", ".join(
+              f"{x} {cell(_at(main_rows, x, top), 'final', '{:.3f}', 'diverged')}" for x in BASELINES
+              if _at(main_rows, x, top)),
+          [(_final(_at(r, "rotation-T100", top)) < best(m),
+            f"T = 100 ends at {_final(_at(r, 'rotation-T100', top)):.3f}, a baseline at {best(m):.3f}")
+           for r, m in zip(tables, main_tables)])
   if "moe" in groups:
-    rows = study_rows(curves_by(groups["moe"]), ctx.window)
-    top = max(r["stages"] for r in rows)
-    rot = _at(rows, "rotation", top)
-    if rot is not None:
-      add(f"rotation helps a mixture-of-experts model (P = {top})", "fewer iterations",
-          cell(rot, "fewer", "{:+.1f}%", "n/a"), None if rot["fewer"] is None else rot["fewer"] > 0)
+    tables, rows, mtop = study("moe")
+    rot = _at(rows, "rotation", mtop)
+    add(f"rotation helps a mixture-of-experts model (P = {mtop})", "fewer iterations",
+        cell(rot, "fewer", "{:+.1f}%", "never") if rot else "no run",
+        [_fewer(_at(r, "rotation", mtop)) for r in tables])
   if "scaling" in groups:
     curves = curves_by(groups["scaling"])
     sizes = sorted({p for _, p in curves})
-    fin = {(m, p): np.mean([metrics.final_smoothed(c, ctx.window) for c in v.values()])
-           for (m, p), v in curves.items()}
-    if all(("rotation", p) in fin for p in sizes):
-      seq = [fin[("rotation", p)] for p in sizes]
-      add("with rotation, bigger models (blocks = P grown together) reach lower loss",
-          "bigger is better", ", ".join(f"B=P={p}: {v:.3f}" for p, v in zip(sizes, seq)),
-          all(b < a for a, b in zip(seq, seq[1:])))
+    seeds = sorted(set.intersection(*(set(v) for v in curves.values())))
+    fin = lambda p, s: (metrics.final_smoothed(curves[("rotation", p)][s], ctx.window)
+                        if ("rotation", p) in curves else np.nan)
+    seqs = [[fin(p, s) for p in sizes] for s in seeds]
+    mean = np.mean(seqs, axis=0) if seqs else []
+    add("with rotation, bigger models (blocks = P grown together) reach lower loss", "bigger is better",
+        ", ".join(f"B=P={p}: {v:.3f}" for p, v in zip(sizes, mean)),
+        [(all(np.isfinite(q)) and all(y < x for x, y in zip(q, q[1:])),
+          "a run diverged" if not all(np.isfinite(q)) else "the loss does not fall with size")
+         for q in seqs])
   if not out:
     return []
   return ["## The paper's claims, checked", "",
+          "Verdicts are per seed: reproduced only when the claim holds in every seed; a run that "
+          "diverged, or a target never reached, fails the claim.", "",
           "| claim | paper | ours (mean [min, max] over seeds) | verdict |", "|---|---|---|---|"] + out + [""]
 
 
@@ -314,7 +393,9 @@ def write_csv(path: pathlib.Path, results, window: int) -> None:
                 "status", "final_smoothed_loss", "final_val_loss", "seconds", "steps_per_second"])
     for r in results:
       c = r["config"]
-      val = [v for v in r["val_losses"] if np.isfinite(v)]
+      # A run that diverged or did not finish has no final validation loss (not an earlier one).
+      val = r["val_losses"][-1:] if r["status"] == "finished" else []
+      val = [v for v in val if np.isfinite(v)]
       sps = r.get("steps_per_second")
       w.writerow([r["name"], c["method"], c["stages"], c["mode"], c["model"], c["num_blocks"] or "",
                   c["seed"], c["lr"], c["steps"], r["status"], f"{final_loss(r, window):.5f}",
@@ -349,9 +430,10 @@ def write(out: pathlib.Path, preset, main_results, ablation_results, registry, d
            "several seeds: mean [min, max] over seeds", ""]
   if deviations:
     lines += ["## Deviations from the paper", ""] + [f"- {d}" for d in deviations] + [""]
-  rows = []
+  rows, tables = [], []
   if main_results:
     section, rows = main_section(ctx, main_results)
+    tables = seed_tables(curves_by(main_results), window)
     lines += section
   groups = collections.defaultdict(list)
   for a, r in ablation_results:
@@ -359,7 +441,7 @@ def write(out: pathlib.Path, preset, main_results, ablation_results, registry, d
   for name, results in groups.items():
     lines += [f"## Ablation: {name}", "", registry[name].description, ""]
     lines += registry[name].section(ctx, name, results)
-  lines += claims_section(ctx, rows, groups)
+  lines += claims_section(ctx, tables, groups)
   lines += ["## Figures", ""] + [f"![{f}]({f})" for f in ctx.figures] + [""]
   (out / "report.md").write_text("\n".join(lines))
   return rows

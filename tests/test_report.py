@@ -1,0 +1,79 @@
+"""The claims table of the report (experiments/report.py) on synthetic curves with known verdicts."""
+
+import numpy as np
+
+from experiments import report
+
+STEPS, WINDOW = 200, 5
+
+
+def result(method, stages, end, seed=0, status="finished", mode="weight_stashing"):
+  """A run whose loss falls linearly from 4 to ``end`` (``NaN`` from the middle if diverged)."""
+  losses = np.linspace(4.0, end, STEPS)
+  if status == "diverged":
+    losses[STEPS // 2:] = np.nan
+  return {"config": {"method": method, "stages": stages, "seed": seed, "mode": mode},
+          "status": status, "losses": losses.tolist()}
+
+
+def claims(tmp_path, main, groups=None):
+  ctx = report.Context(tmp_path, WINDOW, main, [])
+  tables = report.seed_tables(report.curves_by(main), WINDOW)
+  lines = report.claims_section(ctx, tables, groups or {})
+  return {line.split(" | ")[0].lstrip("| "): line.split(" | ")[-1].rstrip(" |") for line in lines
+          if line.startswith("| ") and " | " in line}
+
+
+def main_study(rot_end, seed=0, baselines=(2.0, 2.1, 2.2)):
+  runs = [result(m, 1, 1.0, seed) for m in ("pipedream", "pipedream-lr", "nesterov", "rotation")]
+  runs += [result(m, 4, e, seed) for m, e in zip(("pipedream", "pipedream-lr", "nesterov"), baselines)]
+  return runs + [result("rotation", 4, rot_end, seed)]
+
+
+def test_a_target_never_reached_is_not_reproduced_with_its_reason(tmp_path):
+  got = claims(tmp_path, main_study(rot_end=2.5))
+  fewer = got["rotation needs fewer iterations than the best baseline at P = 4"]
+  assert fewer == "**not reproduced** (rotation never reached the best baseline's final loss)"
+  got = claims(tmp_path, main_study(rot_end=1.5))  # the control: it reaches it sooner
+  assert got["rotation needs fewer iterations than the best baseline at P = 4"] == "reproduced"
+
+
+def test_one_failing_seed_fails_a_multi_seed_claim(tmp_path):
+  got = claims(tmp_path, main_study(1.5, seed=0) + main_study(2.5, seed=1))
+  assert got["rotation needs fewer iterations than the best baseline at P = 4"].startswith(
+      "**not reproduced** (1 of 2 seeds: rotation never reached")
+  got = claims(tmp_path, main_study(1.5, seed=0) + main_study(1.6, seed=1))
+  assert got["rotation needs fewer iterations than the best baseline at P = 4"] == "reproduced (all 2 seeds)"
+
+
+def test_diverged_runs_keep_the_no_stashing_claim(tmp_path):
+  main = main_study(rot_end=1.5)
+  no_stash = lambda m, p, end, status="finished": result(m, p, end, status=status, mode="no_stashing")
+  base = [no_stash(m, 1, 1.0) for m in ("pipedream", "pipedream-lr", "nesterov", "rotation")]
+  claim = "without weight stashing rotation degrades less than every baseline (final-loss change, P = 4)"
+  rotation_diverged = base + [no_stash(m, 4, 2.6) for m in ("pipedream", "pipedream-lr", "nesterov")] + [
+      no_stash("rotation", 4, 1.6, status="diverged")]
+  got = claims(tmp_path, main, {"no-stashing": rotation_diverged})
+  assert got[claim] == "**not reproduced** (rotation diverged or did not finish)"
+  baseline_diverged = base + [no_stash("pipedream", 4, 2.0, status="diverged")] + [
+      no_stash(m, 4, 2.6) for m in ("pipedream-lr", "nesterov")] + [no_stash("rotation", 4, 1.6)]
+  got = claims(tmp_path, main, {"no-stashing": baseline_diverged})
+  assert got[claim] == "reproduced"  # a diverged baseline degraded without bound
+  ends = zip(("pipedream", "pipedream-lr", "nesterov"), (2.05, 2.6, 2.6))
+  slow = base + [no_stash(m, 4, e) for m, e in ends]
+  got = claims(tmp_path, main, {"no-stashing": slow + [no_stash("rotation", 4, 1.7)]})
+  assert got[claim] == "**not reproduced** (rotation degrades more than pipedream)"
+
+
+def test_slowdown_claim_counts_a_diverged_baseline_as_slowest(tmp_path):
+  main = main_study(rot_end=1.5)
+  main = [r for r in main if not (r["config"]["method"] == "nesterov" and r["config"]["stages"] == 4)]
+  main.append(result("nesterov", 4, 1.2, status="diverged"))
+  got = claims(tmp_path, main)
+  assert got["rotation slows down least from P = 1 to P = 4"] == "reproduced"
+  main[-2] = result("rotation", 4, 1.5, status="diverged")
+  got = claims(tmp_path, main)
+  assert got["rotation slows down least from P = 1 to P = 4"] == (
+      "**not reproduced** (rotation diverged or never reached its own loss)")
+  assert got["rotation needs fewer iterations than the best baseline at P = 4"] == (
+      "**not reproduced** (rotation diverged or did not finish)")
