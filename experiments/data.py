@@ -110,6 +110,11 @@ def _check_file(path) -> pathlib.Path:
     raise FileNotFoundError(f"data file {str(path)!r} does not exist")
   if path.stat().st_size == 0:
     raise ValueError(f"data file {str(path)!r} is empty")
+  try:
+    with open(path, "rb") as f:
+      f.read(1)
+  except OSError as e:
+    raise ValueError(f"data file {str(path)!r} cannot be read: {e.strerror or e}") from None
   return path
 
 
@@ -137,7 +142,8 @@ def token_file(path, context: int, vocab_size: int, valid_fraction: float = 0.1)
   if not 1 <= vocab_size <= 2**16:
     raise ValueError(f"vocab_size for a uint16 token file must be in [1, 65536], got {vocab_size}")
   tokens = np.memmap(path, dtype=np.uint16, mode="r")
-  top = int(tokens[:2**22].max())
+  # Every id, once (an id >= vocab_size would give NaN logits, not an error, during training).
+  top = max(int(tokens[i:i + 2**24].max()) for i in range(0, len(tokens), 2**24))
   if top >= vocab_size:
     raise ValueError(f"token file {str(path)!r} holds token id {top} >= vocab_size {vocab_size}")
   train, valid = _split(tokens, valid_fraction, context, f"token file {str(path)!r}")

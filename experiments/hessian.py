@@ -169,6 +169,15 @@ def run_bases(state, labels, num_stages):
 def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=None,
             exact_limit: int = 4096):
   """Rows per matrix: raw and normalised (1,1)-norm in the original and the rotated basis."""
+  run_dir = pathlib.Path(run_dir)
+  if not run_dir.exists():
+    raise FileNotFoundError(f"run folder {str(run_dir)!r} does not exist")
+  if not run_dir.is_dir():
+    raise ValueError(f"{str(run_dir)!r} is a file; give a run folder (results/<preset>/runs/<name>)")
+  if (run_dir / "runs").is_dir():
+    names = sorted(p.name for p in (run_dir / "runs").iterdir() if p.is_dir())
+    raise ValueError(f"{str(run_dir)!r} is a sweep's results folder; give one of its {len(names)} runs, "
+                     f"e.g. {str(run_dir / 'runs' / (names[0] if names else '<name>'))!r}")
   result = runs.load_result(run_dir)
   if result is None:
     raise FileNotFoundError(f"{str(run_dir)!r} holds no finished run (no result.json)")
@@ -228,4 +237,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  from experiments import sweep  # one-line errors and Ctrl-C, as the sweep's
+
+  sweep.exit_process(sweep.cli(entry=main))

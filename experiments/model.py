@@ -118,7 +118,10 @@ class MoeMlp(nnx.Module):
   Every expert is evaluated densely and combined with the (renormalised) top-k gates, which is
   exact and cheap at the small expert counts used here. Returns ``(output, aux_loss)`` where
   ``aux_loss = E * sum_e f_e * p_e`` (``f_e``: share of routing slots sent to expert e, ``p_e``: mean
-  router probability of e); it equals 1 for perfectly uniform routing.
+  router probability of e); it equals 1 for perfectly uniform routing. Both means are over the
+  tokens this call sees: on a device pipeline with several data devices (``--execution devices``)
+  that is each device's shard of the micro-batch (``pipeline_sim.DevicePipeline``), in the
+  emulator the whole micro-batch.
   """
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
@@ -169,6 +172,14 @@ class Embedding(nnx.Module):
     self.pos = nnx.Embed(cfg.context, cfg.width, embedding_init=_INIT, rngs=rngs)
 
   def __call__(self, tokens):
+    # Out-of-range positions or ids would read NaN rows (``nnx.Embed``) and give all-NaN logits:
+    # the length is checked here, at trace time; ids are checked where data is loaded
+    # (``experiments.data``), since a check of traced values costs a reduction every step.
+    if tokens.shape[-1] > self.pos.num_embeddings:
+      raise ValueError(f"sequence length {tokens.shape[-1]} is longer than the model's context "
+                       f"{self.pos.num_embeddings}")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
     return self.tok(tokens) + self.pos(jnp.arange(tokens.shape[-1]))
 
 
@@ -184,7 +195,12 @@ class Head(nnx.Module):
 
 
 class Transformer(nnx.Module):
-  """Decoder-only Transformer; ``model(tokens) -> (logits, aux_loss)``."""
+  """Decoder-only Transformer; ``model(tokens) -> (logits, aux_loss)``.
+
+  ``tokens``: integer ids in ``[0, vocab_size)``, shape ``(..., t)`` with ``t <= context`` (a longer
+  sequence is a ``ValueError`` at trace time; ids outside the vocabulary give NaN logits, so data
+  loaders must check them, as ``experiments.data`` does).
+  """
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg

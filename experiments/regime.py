@@ -22,7 +22,6 @@ import argparse
 import hashlib
 import json
 import pathlib
-import sys
 import time
 
 import numpy as np
@@ -182,4 +181,4 @@ def write(out, preset, args, record, lengths, factors):
 
 
 if __name__ == "__main__":
-  sys.exit(sweep.cli(entry=main))
+  sweep.exit_process(sweep.cli(entry=main))

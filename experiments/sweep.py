@@ -13,10 +13,11 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
-import json
+import os
 import pathlib
 import sys
 import time
+import warnings
 
 import jax
 import numpy as np
@@ -81,11 +82,15 @@ class Plan:
   preset: presets_lib.Preset
   main: tuple  # RunConfigs of the main study (learning rates may be re-chosen by tuning)
   ablations: tuple  # (group name, RunConfig) pairs
+  stages: tuple  # the main study's P values (1 included)
 
 
 def _learning_rates(preset, values):
-  """``--lr`` values -> the preset's learning-rate table with them applied."""
-  table = dict(preset.learning_rates)
+  """``--lr`` values -> the preset's learning-rate table with them applied.
+
+  At most one plain value (every method's rate) and at most one ``METHOD=VALUE`` per method, in any
+  order: a per-method value wins over the plain one."""
+  plain, per_method = None, {}
   for v in values or ():
     method, _, rate = v.rpartition("=")
     try:
@@ -96,10 +101,16 @@ def _learning_rates(preset, values):
       raise ValueError(f"--lr {v!r}: a learning rate must be > 0")
     if method:
       methods_lib.check_method(method)
-      table[method] = rate
+      if method in per_method:
+        raise ValueError(f"--lr gives {method} two rates ({per_method[method]:g} and {rate:g})")
+      per_method[method] = rate
+    elif plain is not None:
+      raise ValueError(f"--lr gives two plain rates ({plain:g} and {rate:g}); give one, and "
+                       "METHOD=VALUE for the others")
     else:
-      table = {"default": rate}
-  return tuple(table.items())
+      plain = rate
+  table = {"default": plain} if plain is not None else dict(preset.learning_rates)
+  return tuple({**table, **per_method}.items())
 
 
 def make_preset(args) -> presets_lib.Preset:
@@ -164,13 +175,22 @@ def make_plan(args) -> Plan:
 
   main = tuple(make(s)(m, p) for s in args.seeds for m in method_names for p in stages)
   extra = tuple((a, c) for s in args.seeds for a, ab in chosen for c in ab.runs(make(s), max(stages)))
+  used = {c.method for c in main} | {c.method for _, c in extra}
+  unused = sorted({m for m, _ in preset.learning_rates} - used - {"default"})
+  if args.lr and unused:
+    given = {v.rpartition("=")[0] for v in args.lr} - {""}
+    for m in sorted(given & set(unused)):
+      warnings.warn(f"--lr {m}=...: {m} is not among this sweep's methods ({sorted(used)})", stacklevel=2)
+  if preset.template.fsdp and jax.device_count() == 1:
+    raise ValueError("--fsdp shards the state over the data devices, and there is only 1 device here "
+                     "(on CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)")
   if preset.template.execution == "devices":
     n = jax.local_device_count()
     bad = sorted({c.stages for c in main + tuple(c for _, c in extra) if n % c.stages})
     if bad:
       raise ValueError(f"--execution devices puts stage k on device k: P = {bad} do not divide the "
                        f"{n} local devices")
-  return Plan(preset, main, extra)
+  return Plan(preset, main, extra, stages)
 
 
 def tune_learning_rates(plan: Plan, ds, out: pathlib.Path, overall) -> dict:
@@ -191,14 +211,14 @@ def tune_learning_rates(plan: Plan, ds, out: pathlib.Path, overall) -> dict:
     finite = {lr: f for lr, f in scores.items() if np.isfinite(f)}
     chosen[method] = min(finite, key=finite.get) if finite else base
     trials[method] = scores
-  (out / "tuning.json").write_text(json.dumps({"chosen": chosen, "trials": {
-      m: {str(k): v for k, v in t.items()} for m, t in trials.items()}}, indent=1))
+  runs.write_json(out / "tuning.json", {"chosen": chosen, "trials": {
+      m: {str(k): v for k, v in t.items()} for m, t in trials.items()}})  # process 0, atomically
   return chosen
 
 
 def _run(config, ds, out, overall):
-  run_dir = out / "runs" / runs.run_name(config, ds.sha256, ds.vocab_size)
-  with tqdm(total=config.steps, desc=config.name[:48], leave=False, unit="step", dynamic_ncols=True) as bar:
+  run_dir = out / "runs" / runs.run_name(config, ds.sha256, ds.vocab_size, runs.device_count(config))
+  with tqdm(total=config.steps, desc=config.name, leave=False, unit="step", dynamic_ncols=True) as bar:
     t0 = time.time()
     already = runs.load_result(run_dir) is not None
     result = runs.train(config, ds, run_dir, progress=bar)
@@ -214,13 +234,15 @@ def prepare_out(path: pathlib.Path) -> pathlib.Path:
   """Creates the results folder; a clear error when that is impossible."""
   if path.exists() and not path.is_dir():
     raise ValueError(f"--out {str(path)!r} is a file, not a folder")
-  try:
-    path.mkdir(parents=True, exist_ok=True)
-    probe = path / ".write-test"
-    probe.write_text("")
-    probe.unlink()
-  except OSError as e:
-    raise ValueError(f"--out {str(path)!r} cannot be written: {e.strerror or e}") from None
+  if runs.is_primary():  # several processes share the folder: process 0 writes, the others wait
+    try:
+      path.mkdir(parents=True, exist_ok=True)
+      probe = path / ".write-test"
+      probe.write_text("")
+      probe.unlink()
+    except OSError as e:
+      raise ValueError(f"--out {str(path)!r} cannot be written: {e.strerror or e}") from None
+  runs.barrier(f"results folder {path}")
   return path
 
 
@@ -241,7 +263,7 @@ def dry_run(plan: Plan, ds, out: pathlib.Path) -> list:
   rows, total = [], 0.0
   print(f"{'group':<14} {'run':<64} {'state':<8} {'GFLOP/step':>10} {'MiB':>8} {'est. s':>8}")
   for group, c in [("main", c) for c in plan.main] + list(plan.ablations):
-    run_dir = out / "runs" / runs.run_name(c, ds.sha256, ds.vocab_size)
+    run_dir = out / "runs" / runs.run_name(c, ds.sha256, ds.vocab_size, runs.device_count(c))
     done = (run_dir / "result.json").exists()
     row = {"group": group, "run": run_dir.name, "cached": done}
     if not done:
@@ -256,7 +278,7 @@ def dry_run(plan: Plan, ds, out: pathlib.Path) -> list:
   return rows
 
 
-def deviations(preset, ds) -> list:
+def deviations(preset, ds, stages) -> list:
   """How this preset's runs differ from the paper's setup (listed in the report)."""
   t = preset.template
   cfg = t.model_config(ds.vocab_size)
@@ -275,8 +297,8 @@ def deviations(preset, ds) -> list:
   out.append(f"learning rates: {dict(preset.learning_rates)}, one per method for every P (the cpu "
              "presets' were chosen at P = 1 by `python -m experiments.regime`; paper: 1e-3 at 95M)")
   out.append("seeds: the tables show one seed unless --seeds gives more (then mean [min, max])")
-  if max(preset.stages) < 32:
-    out.append(f"largest P = {max(preset.stages)} (paper: 32)")
+  if max(stages) < 32:
+    out.append(f"largest P = {max(stages)} (paper: 32)")
   return out
 
 
@@ -312,7 +334,7 @@ def main(argv=None) -> pathlib.Path:
     wall = time.time() - t0
     if runs.is_primary():
       report.write(out, preset, main_results, ablation_results, ablations_lib.ABLATIONS, ds, wall,
-                   deviations(preset, ds))
+                   deviations(preset, ds, plan.stages))
   print(f"done in {wall:.0f}s: {out / 'report.md'}")
   return out
 
@@ -330,5 +352,17 @@ def cli(argv=None, entry=None) -> int:
   return 0
 
 
+def exit_process(code: int) -> None:
+  """Ends the process with ``code``. After a Ctrl-C (130) it skips the interpreter's teardown: XLA's
+  compiler threads may still be running (a Ctrl-C during a compilation), and tearing down under
+  them can end in a segmentation fault. Finished work is on disk already (results and checkpoints
+  are written atomically)."""
+  if code == 130:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+  sys.exit(code)
+
+
 if __name__ == "__main__":
-  sys.exit(cli())
+  exit_process(cli())

@@ -84,3 +84,21 @@ def test_bpe_token_file_is_offline_deterministic_and_reused(tmp_path):
   assert tok.decode(ids.tolist()) == text.decode()
   mtime = path.stat().st_mtime_ns
   assert data.bpe_token_file(text, 300, tmp_path / "a") == path and path.stat().st_mtime_ns == mtime
+
+
+def test_unreadable_and_late_out_of_vocabulary_files(tmp_path, monkeypatch):
+  late = tmp_path / "late.bin"  # the bad id sits past the first 2^22 tokens (checked before: none)
+  ids = np.zeros(2**22 + 100, np.uint16)
+  ids[-1] = 600
+  ids.tofile(late)
+  with pytest.raises(ValueError, match="token id 600 >= vocab_size 500"):
+    data.load(late, context=8, vocab_size=500)
+  text = tmp_path / "locked.txt"
+  text.write_bytes(b"x" * 1000)
+
+  def refuse(*args, **kwargs):
+    raise PermissionError(13, "Permission denied")
+
+  monkeypatch.setattr(data, "open", refuse, raising=False)  # (root reads any file: no chmod test)
+  with pytest.raises(ValueError, match="locked.txt' cannot be read: Permission denied"):
+    data.load(text, context=8)

@@ -1,5 +1,7 @@
 """The Hessian misalignment diagnostic on synthetic quadratics with known Hessians."""
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -79,3 +81,17 @@ def test_gradient_bases_diagonalise_the_gradient_statistics():
   left = sum(np.asarray(b) @ np.asarray(b).T for b in batches)
   rotated = np.asarray(u).T @ left @ np.asarray(u)
   assert np.abs(rotated - np.diag(np.diag(rotated))).max() < 1e-4 * np.abs(left).max()
+
+
+def test_bad_run_folders_are_one_line_errors(tmp_path, capsys):
+  from experiments import sweep
+  (tmp_path / "sweep" / "runs" / "some-run").mkdir(parents=True)
+  (tmp_path / "file.txt").write_text("x")
+  cases = [(tmp_path / "nope", "run folder .*nope' does not exist"),
+           (tmp_path / "file.txt", "file.txt' is a file; give a run folder"),
+           (tmp_path / "sweep", "is a sweep's results folder; give one of its 1 runs, e.g. .*runs/some-run"),
+           (tmp_path / "sweep" / "runs" / "some-run", "holds no finished run")]
+  for path, match in cases:
+    assert sweep.cli([str(path)], entry=hessian.main) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(match, err), err

@@ -127,3 +127,14 @@ def test_moe_routing_and_balance_loss():
   np.testing.assert_allclose(y, manual, atol=1e-6)
   # Two blocks contribute to the model's aux loss; each is >= 1 (uniform routing minimises it).
   assert float(aux) >= 2.0 - 1e-4
+
+
+def test_sequences_longer_than_the_context_are_an_error_at_trace_time(tiny):
+  graphdef, params, _ = tiny
+  long = jax.numpy.zeros((2, TINY.context + 1), jax.numpy.int32)
+  with pytest.raises(ValueError, match=f"sequence length {TINY.context + 1} is longer than the model's "
+                                       f"context {TINY.context}"):
+    jax.jit(lambda p, t: model_lib.forward(graphdef, p, t))(params, long)
+  stage0 = model_lib.stage_functions(TINY, 2)[0]
+  with pytest.raises(ValueError, match="longer than the model's context"):
+    stage0(params, long)

@@ -1,5 +1,6 @@
 """The sweep end to end on the smoke preset, resume after an interrupt, and bad input."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -40,7 +41,7 @@ class _Progress:
   def reset(self, total):
     self.n = 0
 
-  def set_postfix(self, **kwargs):
+  def set_postfix(self, *args, **kwargs):
     pass
 
   def update(self, k):
@@ -198,3 +199,99 @@ def test_rotation_variants_share_rotations_learning_rate():
   for m in ("rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni", "rotation-sa", "rotation-T100"):
     assert preset.learning_rate(m) == rates["rotation"], m
   assert preset.learning_rate("pipedream-lr") == rates["default"]
+
+
+@pytest.mark.parametrize("values,expected", [
+    (["rotation=3e-3", "2e-3"], {"pipedream": 2e-3, "rotation": 3e-3}),  # order does not matter
+    (["2e-3", "rotation=3e-3"], {"pipedream": 2e-3, "rotation": 3e-3}),
+    (["pipedream=1e-3"], {"pipedream": 1e-3, "rotation": 3e-3}),  # the rest: the preset's
+])
+def test_lr_values_are_order_independent(values, expected):
+  plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--lr", *values]))
+  assert {c.method: c.lr for c in plan.main} == expected
+
+
+def test_lr_conflicts_are_errors_and_unused_methods_warn(capsys):
+  for values, match in ((["1e-3", "2e-3"], "two plain rates (0.001 and 0.002)"),
+                        (["rotation=1e-3", "rotation=2e-3"], "gives rotation two rates")):
+    assert sweep.cli(["--preset", "smoke", "--dry-run", "--lr", *values]) == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err and len(err.splitlines()) == 1, err
+  with pytest.warns(UserWarning, match="nesterov is not among this sweep's methods"):
+    sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--lr", "nesterov=1e-3"]))
+
+
+def test_fsdp_on_one_device_is_an_error():
+  with pytest.raises(ValueError, match="--fsdp shards the state over the data devices, and there is only 1"):
+    sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--fsdp"]))
+
+
+def test_a_p1_only_sweep_claims_nothing_about_staleness(tmp_path):
+  out = sweep.main(["--preset", "smoke", "--methods", "pipedream", "rotation", "--stages", "1",
+                    "--steps", "20", "--out", str(tmp_path / "p1")])
+  report = (out / "report.md").read_text()
+  assert "largest P = 1 (paper: 32)" in report and "largest P = 4" not in report
+  assert "from P = 1 to P = 1" not in report and "this sweep ran P = 1 only | not measured" in report
+
+
+def test_progress_shows_the_whole_name_and_a_resumption(tmp_path, monkeypatch):
+  class Recorder(_Progress):
+    def __init__(self, stop_at):
+      super().__init__(stop_at)
+      self.postfixes = []
+
+    def set_postfix(self, *args, **kwargs):
+      self.postfixes.append(dict(args[0]) if args else kwargs)
+
+  spec = runs.RunConfig(method="pipedream", stages=2, steps=30, batch_size=4, model="cpu-tiny", chunk=10,
+                        eval_every=10, eval_batches=1, checkpoint_every=10)
+  ds = data_lib.default_corpus(32)
+  with pytest.raises(_Interrupt):
+    runs.train(spec, ds, tmp_path / "r", progress=Recorder(stop_at=20))
+  bar = Recorder(stop_at=10**9)
+  runs.train(spec, ds, tmp_path / "r", progress=bar)
+  assert bar.postfixes[0] == {"resumed at": 10} and all(p["resumed at"] == 10 for p in bar.postfixes)
+  descriptions = []
+
+  class Bar(Recorder):  # sweep's tqdm: records the description it is given
+    def __init__(self, total=None, desc="", **kwargs):
+      super().__init__(10**9)
+      descriptions.append(desc)
+      self.total = total
+
+    write = staticmethod(print)
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      return False
+
+  monkeypatch.setattr(sweep, "tqdm", Bar)
+  spec = dataclasses.replace(spec, tag="a-long-tag-to-pass-48-characters")
+  sweep._run(spec, ds, tmp_path / "out", Bar(total=1))
+  assert len(spec.name) > 48 and spec.name in descriptions  # not cut
+
+
+def test_ctrl_c_during_compilation_exits_cleanly(tmp_path):
+  """A real SIGINT while the first run compiles: exit 130 and the one line, never a crash."""
+  import os
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+  proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", "--preset", "smoke", "--methods",
+                           "rotation", "--stages", "4", "--out", str(tmp_path / "c")],
+                          cwd=sweep.pathlib.Path(sweep.__file__).parents[1], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  line = ""
+  while "sweep 'smoke'" not in line:  # the plan is printed right before the first compilation
+    line = proc.stdout.readline()
+    assert line or proc.poll() is None, proc.stderr.read()
+  time.sleep(1.0)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err[-2000:]
+  assert "interrupted; run the same command again to resume" in err and "Fatal Python error" not in err
