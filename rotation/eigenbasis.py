@@ -60,6 +60,46 @@ def orthonormalize(a, method: str = "qr"):
   return jnp.linalg.qr(a, mode="complete")[0]
 
 
+def _cholesky_qr_passes(a, passes: int):
+  """(q, good): shifted Cholesky-QR of a square or wide ``a`` (k, n >= k) and whether ``q`` is
+  finite and orthonormal to ``CHOLESKY_QR_TOLERANCE``. Batched over leading axes."""
+  k = a.shape[-2]
+  a = a[..., :k]  # the complete Q of a wide matrix depends only on its first k columns
+  eye = jnp.eye(k, dtype=a.dtype)
+  shift = 11.0 * (k * k + k * (k + 1)) * jnp.finfo(a.dtype).eps * jnp.sum(a * a, axis=(-2, -1))
+  t = lambda x: jnp.swapaxes(x, -1, -2)
+  q = a
+  for i in range(passes):
+    gram = mm(t(q), q) + (shift[..., None, None] * eye if i == 0 else 0.0)
+    r = t(jnp.linalg.cholesky(gram))  # upper triangular, gram = R^T R
+    q = t(jax.scipy.linalg.solve_triangular(r, t(q), trans="T", lower=False))  # q R^{-1}
+  error = jnp.max(jnp.abs(mm(t(q), q) - eye), axis=(-2, -1))
+  return q, jnp.all(jnp.isfinite(q), axis=(-2, -1)) & (error < CHOLESKY_QR_TOLERANCE)
+
+
+def _householder(a):
+  return jnp.linalg.qr(a, mode="complete")[0]
+
+
+@jax.custom_batching.custom_vmap
+def _cholesky_qr_square(a):
+  q, good = _cholesky_qr_passes(a, 3)
+  return jax.lax.cond(good, lambda: q, lambda: _householder(a))
+
+
+@_cholesky_qr_square.def_vmap
+def _cholesky_qr_square_batched(axis_size, in_batched, a):
+  """Under ``vmap``: Householder QR of the whole batch only if some matrix needs the fallback
+  (``lax.cond`` on the batch's verdict), instead of the per-matrix ``cond`` that ``vmap`` would
+  turn into a ``select`` computing QR for every matrix on every call."""
+  del axis_size
+  if not in_batched[0]:
+    return _cholesky_qr_square(a), False
+  q, good = _cholesky_qr_passes(a, 3)
+  fallback = lambda: jnp.where(good[:, None, None], q, jax.vmap(_householder)(a))
+  return jax.lax.cond(jnp.all(good), lambda: q, fallback), True
+
+
 def cholesky_qr(a, passes: int = 3):
   """``Q`` of ``a = QR`` from matmuls, Cholesky factors and triangular solves (no Householder QR).
 
@@ -71,22 +111,16 @@ def cholesky_qr(a, passes: int = 3):
   bilateral step of a non-square matrix) needs k - n completing columns, and the update depends on
   which: it uses QR, whose completion the paper's code has. A result that is not finite or not
   orthonormal to ``CHOLESKY_QR_TOLERANCE`` (``a`` numerically rank-deficient: nothing spans the
-  missing directions) falls back to Householder QR under ``lax.cond``.
+  missing directions) falls back to Householder QR under ``lax.cond``; under ``vmap`` the cond is
+  taken once for the whole batch (QR runs only when some matrix needs it).
   """
   k, n = a.shape
   if n < k:  # tall: the completing columns are Householder's choice (the paper's), so QR it is
-    return jnp.linalg.qr(a, mode="complete")[0]
-  a = a[:, :k]  # the complete Q of a wide matrix depends only on its first k columns
-  eye = jnp.eye(k, dtype=a.dtype)
-  shift = 11.0 * (k * k + k * (k + 1)) * jnp.finfo(a.dtype).eps * jnp.sum(a * a)
-  q = a
-  for i in range(passes):
-    gram = mm(q.T, q) + (shift * eye if i == 0 else 0.0)
-    r = jnp.linalg.cholesky(gram).T  # upper triangular, gram = R^T R
-    q = jax.scipy.linalg.solve_triangular(r, q.T, trans="T", lower=False).T  # q R^{-1}
-  error = jnp.max(jnp.abs(mm(q.T, q) - eye))
-  good = jnp.all(jnp.isfinite(q)) & (error < CHOLESKY_QR_TOLERANCE)
-  return jax.lax.cond(good, lambda: q, lambda: jnp.linalg.qr(a, mode="complete")[0])
+    return _householder(a)
+  if passes != 3:
+    q, good = _cholesky_qr_passes(a, passes)
+    return jax.lax.cond(good, lambda: q, lambda: _householder(a))
+  return _cholesky_qr_square(a)
 
 
 def warm_refresh_second(q, stat, nu, axis, method: str = "qr"):

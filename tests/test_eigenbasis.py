@@ -1,4 +1,5 @@
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
@@ -101,3 +102,31 @@ def test_cholesky_qr_falls_back_to_qr_when_rank_deficient():
   a[:, 3] = 0.0  # no matmul of a spans a fourth direction: Cholesky-QR fails, QR completes the basis
   q = np.asarray(jax.jit(eb.cholesky_qr)(jnp.asarray(a, jnp.float32)))
   np.testing.assert_allclose(q, np.asarray(eb.orthonormalize(jnp.asarray(a, jnp.float32))), atol=1e-6)
+
+
+def _primitives(jaxpr, outside_cond):
+  """Primitive names of ``jaxpr`` and its sub-jaxprs (those of ``cond`` branches too, unless
+  ``outside_cond``)."""
+  names = set()
+  for eqn in jaxpr.eqns:
+    names.add(eqn.primitive.name)
+    if not (outside_cond and eqn.primitive.name == "cond"):
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        names |= _primitives(sub, outside_cond)
+  return names
+
+
+def test_batched_cholesky_qr_runs_householder_only_when_a_matrix_needs_it():
+  rng = np.random.default_rng(6)
+  a = jnp.asarray(rng.normal(size=(5, 8, 8)), jnp.float32)
+  jaxpr = jax.make_jaxpr(jax.vmap(eb.cholesky_qr))(a).jaxpr
+  householder = {"householder_product", "geqrf", "geqp3", "qr"}
+  assert not householder & _primitives(jaxpr, outside_cond=True)  # the common path: no QR
+  assert householder & _primitives(jaxpr, outside_cond=False)  # the fallback branch has it
+  # and the numbers: the batch equals one matrix at a time, with a rank-deficient member too
+  bad = np.asarray(a).copy()
+  bad[2][:, 3] = 0.0
+  for batch in (a, jnp.asarray(bad)):
+    got = np.asarray(jax.jit(jax.vmap(eb.cholesky_qr))(batch))
+    want = np.stack([np.asarray(jax.jit(eb.cholesky_qr)(m)) for m in batch])
+    np.testing.assert_allclose(got, want, atol=1e-5)
