@@ -61,7 +61,9 @@ def check_method(name: str) -> Method:
 def schedule(config) -> optax.Schedule:
   """Linear warm-up from ``config.warmup_start`` over ``config.warmup_fraction`` of the steps, then
   cosine decay to ``config.final_lr_fraction`` of the peak ``config.lr`` (the paper's schedule)."""
-  warmup = max(1, int(config.steps * config.warmup_fraction))
+  warmup = config.warmup_steps if config.warmup_steps is not None else int(config.steps *
+                                                                           config.warmup_fraction)
+  warmup = max(1, warmup)
   return optax.warmup_cosine_decay_schedule(config.warmup_start, config.lr, warmup,
                                             max(config.steps, warmup + 1),
                                             config.final_lr_fraction * config.lr)
@@ -76,15 +78,17 @@ def stage_optimizers(config) -> list[optax.GradientTransformation]:
   period = config.refresh_every or method.refresh_every
   periods = rotation.stage_aware_refresh(delays, period, method.allocation)
 
+  b2 = config.b2
+
   def make(k):
     if method.kind == "adamw":
-      return ps.pipedream(lr, weight_decay=wd)
+      return ps.pipedream(lr, b2=b2, weight_decay=wd)
     if method.kind == "pipemare":
       return ps.pipedream_lr(lr, delays[k], max(1, int(config.pipemare_fraction * config.steps)),
-                             weight_decay=wd)
+                             b2=b2, weight_decay=wd)
     if method.kind == "nadam":
-      return ps.nesterov(lr, weight_decay=wd)
-    return rotation.basis_rotation(lr, weight_decay=wd, source=method.source,
+      return ps.nesterov(lr, b2=b2, weight_decay=wd)
+    return rotation.basis_rotation(lr, b2=b2, weight_decay=wd, source=method.source,
                                    geometry=method.geometry, refresh_every=periods[k],
                                    first_order_step=method.first_order_step,
                                    mask=model_lib.rotation_mask)

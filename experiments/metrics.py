@@ -18,6 +18,21 @@ Definitions (following the paper; see ``docs/algorithms.md``):
   target (how many times longer the stale run takes to reach what it reaches);
 - *percent fewer* = 100 * (1 - iterations of the method / iterations of the best baseline) at P.
 The same numbers are also reported against the sync run's (P = 1 PipeDream) final smoothed loss.
+
+Metrics that separate robustness to staleness from speed (``common_levels`` and after):
+- *common levels*: ``num_levels`` loss levels evenly spaced between the highest final smoothed loss
+  of the compared runs (every run reaches it) and the lowest first smoothed value (every run starts
+  above it); none when the runs share no such range;
+- *common-target slowdown* of a method at P: the median over the common levels L of
+  ``t_P(L) / t_1(L)`` (its iterations to L at P over those at P = 1): how much longer staleness
+  makes the same progress take, for every method at the same levels;
+- *advantage* of a method over the best baseline at P: the median over the common levels of
+  ``t_best(L) / t_method(L)``, the best baseline being the one with the smallest median
+  ``t(L)`` at P; its *staleness gain* ``advantage_P / advantage_1`` is > 1 when the method's lead
+  grows with staleness (the paper's claim), < 1 when it shrinks (per level it equals the best
+  baseline's slowdown over the method's);
+- *wall-clock to target*: iterations to the target times the run's measured steady-state seconds
+  per step.
 With several seeds every number is computed per seed and reported as the mean and the min-max
 range across seeds (``aggregate``).
 """
@@ -30,7 +45,9 @@ import numpy as np
 
 # Numeric fields of a study row, aggregated across seeds.
 FIELDS = ("final", "target", "iters_own", "slowdown_own", "iters", "slowdown", "fewer",
-          "sync_target", "iters_sync", "slowdown_sync")
+          "sync_target", "iters_sync", "slowdown_sync", "slowdown_common", "advantage",
+          "staleness_gain", "seconds")
+NUM_LEVELS = 20
 
 
 def half_window(window: int) -> int:
@@ -83,7 +100,41 @@ def percent_fewer(method_iters: int | None, baseline_iters: int | None) -> float
   return 100.0 * (1.0 - method_iters / baseline_iters)
 
 
-def study_table(curves: dict, baselines: Sequence[str], window: int, sync_method: str = "pipedream"):
+def common_levels(curves, window: int, num_levels: int = NUM_LEVELS) -> np.ndarray:
+  """Loss levels every credited curve of ``curves`` reaches (see the module docstring; a run that
+  diverged or did not finish is left out, and credited with nothing); empty if the curves share no
+  range."""
+  curves = [c for c in curves if credited(c)]
+  if not curves:
+    return np.zeros(0)
+  smoothed = [smooth(c, window) for c in curves]
+  defined = [s[~np.isnan(s)] for s in smoothed]
+  low = max(float(np.min(d)) for d in defined)  # every run gets at least this low
+  high = min(float(d[0]) for d in defined)  # every run starts above this
+  if not high > low:
+    return np.zeros(0)
+  return np.linspace(low, high, num_levels + 1)[:-1]  # from the lowest common level up, below the start
+
+
+def times_to(losses, levels, window: int) -> np.ndarray:
+  """1-based first step at which the smoothed loss is at or below each level (NaN: never)."""
+  if not credited(losses):
+    return np.full(len(levels), np.nan)
+  s = np.nan_to_num(smooth(losses, window), nan=np.inf)
+  running = np.minimum.accumulate(s)
+  idx = np.searchsorted(-running, -np.asarray(levels, np.float64), side="left")  # running is non-increasing
+  return np.where(idx < len(s), idx + 1.0, np.nan)
+
+
+def median_ratio(numerator, denominator) -> float | None:
+  """Median over levels of ``numerator / denominator`` (arrays of iterations); ``None`` if empty."""
+  r = np.asarray(numerator, np.float64) / np.asarray(denominator, np.float64)
+  r = r[np.isfinite(r)]
+  return float(np.median(r)) if len(r) else None
+
+
+def study_table(curves: dict, baselines: Sequence[str], window: int, sync_method: str = "pipedream",
+                step_seconds: dict | None = None):
   """Rows ``{method, stages, best_baseline, *FIELDS}`` for every (method, P) of one seed's curves.
 
   Args:
@@ -92,9 +143,23 @@ def study_table(curves: dict, baselines: Sequence[str], window: int, sync_method
     baselines: the asynchronous baselines whose best sets the target.
     window: smoothing window.
     sync_method: the method whose P = 1 run defines the sync target.
+    step_seconds: ``{(method, P): steady-state seconds per step}`` for the wall-clock to target
+      (``seconds``); ``None`` leaves it out.
   """
   stage_set = sorted({p for _, p in curves})
   finals = {k: final_smoothed(v, window) for k, v in curves.items()}
+  levels = common_levels(curves.values(), window)
+  times = {k: times_to(v, levels, window) for k, v in curves.items()}
+
+  def best_at(p):  # the baseline with the smallest median time to the common levels at P
+    cands = [(float(np.median(times[(b, p)])), b) for b in baselines
+             if (b, p) in times and len(levels) and np.all(np.isfinite(times[(b, p)]))]
+    return min(cands)[1] if cands else None
+
+  def advantage(method, p):
+    best = best_at(p)
+    return None if best is None or (method, p) not in times else median_ratio(times[(best, p)],
+                                                                              times[(method, p)])
   sync_target = finals.get((sync_method, 1))
   sync_target = sync_target if sync_target is not None and np.isfinite(sync_target) else None
   rows = []
@@ -118,7 +183,16 @@ def study_table(curves: dict, baselines: Sequence[str], window: int, sync_method
           "fewer": percent_fewer(iters, best_iters),
           "sync_target": sync_target, "iters_sync": iters_sync,
           "slowdown_sync": ratio(iters_sync, at(base_curve, sync_target)),
+          "slowdown_common": (median_ratio(times[(method, p)], times[(method, 1)])
+                              if (method, 1) in times else None),
+          "advantage": advantage(method, p),
+          "staleness_gain": None, "seconds": None,
       })
+      adv, adv1 = rows[-1]["advantage"], advantage(method, 1)
+      rows[-1]["staleness_gain"] = adv / adv1 if adv is not None and adv1 else None
+      rate = (step_seconds or {}).get((method, p))
+      if iters is not None and rate:
+        rows[-1]["seconds"] = iters * rate
   return rows
 
 

@@ -47,15 +47,29 @@ def mean_curves(curves: dict) -> dict:
   return {k: np.mean(list(v.values()), axis=0) for k, v in curves.items()}
 
 
-def seed_tables(curves: dict, window: int, baselines=BASELINES) -> list:
-  """One study table (``metrics.study_table``) per seed that every curve shares."""
+def step_seconds_by(results, key=lambda config: config["method"]) -> dict:
+  """``{(key, P): {seed: steady-state seconds per step}}`` (runs that measured it)."""
+  groups = collections.defaultdict(dict)
+  for r in results:
+    c = r["config"]
+    if r.get("steps_per_second"):
+      groups[(key(c), c["stages"])][c["seed"]] = 1.0 / r["steps_per_second"]
+  return dict(groups)
+
+
+def seed_tables(curves: dict, window: int, baselines=BASELINES, seconds: dict | None = None) -> list:
+  """One study table (``metrics.study_table``) per seed that every curve shares; ``seconds``
+  (``step_seconds_by``) adds the wall-clock to target."""
   seeds = sorted(set.intersection(*(set(v) for v in curves.values()))) if curves else []
-  return [metrics.study_table({k: v[s] for k, v in curves.items()}, baselines, window) for s in seeds]
+  seconds = seconds or {}
+  return [metrics.study_table({k: v[s] for k, v in curves.items()}, baselines, window,
+                              step_seconds={k: v[s] for k, v in seconds.items() if s in v})
+          for s in seeds]
 
 
-def study_rows(curves: dict, window: int, baselines=BASELINES) -> list:
+def study_rows(curves: dict, window: int, baselines=BASELINES, seconds: dict | None = None) -> list:
   """Per-seed study tables aggregated over the seeds every curve shares."""
-  return metrics.aggregate(seed_tables(curves, window, baselines))
+  return metrics.aggregate(seed_tables(curves, window, baselines, seconds))
 
 
 def fmt(x, spec="{:.2f}", none="never"):
@@ -107,9 +121,23 @@ def study_figures(ctx: Context, curves: dict, rows: list, name: str, title: str)
 
 def main_section(ctx: Context, results) -> tuple[list, list]:
   curves = curves_by(results)
-  rows = study_rows(curves, ctx.window)
+  rows = study_rows(curves, ctx.window, seconds=step_seconds_by(results))
   study_figures(ctx, curves, rows, "main", "main study")
-  lines = ["## Slowdown from P = 1, each method to its own final loss at P", "",
+  lines = ["## Slowdown at common targets (the headline)", "",
+           f"Median over {metrics.NUM_LEVELS} loss levels that every run of the seed reaches of the "
+           "iterations at P over the iterations at P = 1 (the same levels for every method).", "",
+           pivot(rows, "slowdown_common"), "",
+           "## Advantage over the best baseline and its staleness gain", "",
+           "Advantage: median over the common levels of the best baseline's iterations over the "
+           "method's, at P. Staleness gain: advantage at P / advantage at P = 1 (> 1: the lead grows "
+           "with staleness, as the paper claims; < 1: it shrinks).", "",
+           "Advantage:", "", pivot(rows, "advantage"), "",
+           "Staleness gain:", "", pivot(rows, "staleness_gain"), "",
+           "## Wall-clock to the target at P (seconds)", "",
+           "Iterations to the best baseline's final loss at P times the run's measured steady-state "
+           "seconds per step (the CPU analogue of the paper's GPU hours).", "",
+           pivot(rows, "seconds", "{:.0f}"), "",
+           "## Slowdown from P = 1, each method to its own final loss at P", "",
            "Iterations at P / iterations at P = 1 to reach the loss the method reaches at P.", "",
            pivot(rows, "slowdown_own"), "",
            "## Slowdown from P = 1 to the target at P (best baseline's final loss)", "",
@@ -302,6 +330,17 @@ def claims_section(ctx: Context, main_tables, groups) -> list:
           "1.27x vs PipeDream 5.81x, PipeDream-LR 4.24x, Nesterov ~4x (P = 32)", ours,
           [_least({m: (_at(rows, m, top) or {}).get("slowdown_own") for m in base + ["rotation"]},
                   "rotation") for rows in main_tables])
+      add(f"rotation slows down least from P = 1 to P = {top} at common targets (median over levels)",
+          "1.27x vs 4-5.81x (P = 32)", f"rotation {cell(rot, 'slowdown_common')}; " + ", ".join(
+              f"{b} {cell(_at(main_rows, b, top), 'slowdown_common')}" for b in base),
+          [_least({m: (_at(rows, m, top) or {}).get("slowdown_common") for m in base + ["rotation"]},
+                  "rotation") for rows in main_tables])
+      add(f"rotation's lead over the best baseline grows with staleness (staleness gain, P = {top})",
+          "the lead is almost entirely specific to staleness (> 1)", cell(rot, "staleness_gain"),
+          [(r is not None and r["staleness_gain"] is not None and r["staleness_gain"] > 1,
+            "rotation diverged or shares no levels" if r is None or r["staleness_gain"] is None
+            else f"gain {r['staleness_gain']:.2f}")
+           for r in (_at(rows, "rotation", top) for rows in main_tables)])
       add(f"rotation needs fewer iterations than the best baseline at P = {top}",
           "71.6% fewer (95M, P = 32)", cell(rot, "fewer", "{:+.1f}%", "never"),
           [_fewer(_at(rows, "rotation", top)) for rows in main_tables])
@@ -433,7 +472,7 @@ def write(out: pathlib.Path, preset, main_results, ablation_results, registry, d
   rows, tables = [], []
   if main_results:
     section, rows = main_section(ctx, main_results)
-    tables = seed_tables(curves_by(main_results), window)
+    tables = seed_tables(curves_by(main_results), window, seconds=step_seconds_by(main_results))
     lines += section
   groups = collections.defaultdict(list)
   for a, r in ablation_results:

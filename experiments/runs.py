@@ -62,6 +62,11 @@ class RunConfig:
     lr: peak learning rate.
     warmup_fraction: linear warm-up from ``warmup_start`` over this fraction of ``steps`` (the
       paper's code: 3 of 250 epochs = 1.2%), then cosine decay to ``final_lr_fraction * lr``.
+    warmup_steps: the warm-up in steps instead of the fraction (``None``: the fraction). The sweep's
+      ``--warmup-delays K`` sets it to ``K`` times the largest delay of the sweep for every run, so
+      that a study can measure warm-up in units of the delay.
+    b2: second-moment decay of every method (Adam's moments, Nesterov's, and rotation's ``L``, ``R``
+      statistics and moments).
     warmup_start: learning rate at step 0.
     final_lr_fraction: the cosine decay's end, as a fraction of the peak.
     pipemare_fraction: PipeDream-LR's transition ``T_c`` as a fraction of ``steps`` (the paper's
@@ -93,11 +98,13 @@ class RunConfig:
   batch_size: int = 16
   lr: float = 3e-3
   warmup_fraction: float = 0.012
+  warmup_steps: int | None = None
   warmup_start: float = 1e-7
   final_lr_fraction: float = 0.1
   pipemare_fraction: float = 0.028
   clip_norm: float = 1.0
   weight_decay: float = 0.01
+  b2: float = 0.999
   moe_loss_weight: float = 0.01
   refresh_every: int | None = None
   dtype: str = "float32"
@@ -116,6 +123,8 @@ class RunConfig:
     blocks += "-bf16" if self.dtype == "bfloat16" else ""
     blocks += "-devices" if self.execution == "devices" else ""
     blocks += "-fsdp" if self.fsdp else ""
+    blocks += f"-wu{self.warmup_steps}" if self.warmup_steps is not None else ""
+    blocks += f"-b2_{self.b2:g}" if self.b2 != 0.999 else ""
     tag = f"_{self.tag}" if self.tag else ""
     return (f"{self.model}{blocks}_{self.mode}_{self.method}_P{self.stages}_lr{self.lr:g}"
             f"_n{self.steps}_s{self.seed}{tag}")
@@ -152,13 +161,18 @@ class RunConfig:
                        f"{self.warmup_fraction}, {self.pipemare_fraction}")
     if self.dtype not in model_lib.DTYPES:
       raise ValueError(f"unknown dtype {self.dtype!r}; choose from {model_lib.DTYPES}")
+    if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
+      raise ValueError(f"warmup_steps must be in [0, steps={self.steps}), got {self.warmup_steps}")
+    if not 0 < self.b2 < 1:
+      raise ValueError(f"b2 must be in (0, 1), got {self.b2}")
     if self.refresh_every is not None and self.refresh_every < 1:
       raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
 
 
 # Options added after runs were recorded, left out of the identity while at the value that means
 # "not used", so that adding an option never invalidates finished runs that do not use it.
-OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False}
+OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False, "warmup_steps": None,
+                   "b2": 0.999}
 
 
 def device_count(config: RunConfig) -> int:

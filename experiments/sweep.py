@@ -54,6 +54,13 @@ def parse_args(argv=None):
                       "(default: each method's own, 10)")
   parser.add_argument("--warmup", type=float, help="warm-up fraction of training (default: the "
                       "preset's, 0.012 as in the paper)")
+  parser.add_argument("--warmup-steps", type=int, help="warm-up length in steps (instead of --warmup's "
+                      "fraction)")
+  parser.add_argument("--warmup-delays", type=float, help="warm-up length as a multiple of the largest "
+                      "delay of the sweep, tau_max = max(P) - 1, in steps, for every run (P = 1 too, so "
+                      "that every P shares one schedule)")
+  parser.add_argument("--b2", type=float, help="second-moment decay of every method (default 0.999; "
+                      "rotation's L, R statistics follow it)")
   parser.add_argument("--dtype", choices=model_lib.DTYPES, help="activations and matmuls (default "
                       "float32; bfloat16 keeps float32 parameters and optimizer states)")
   parser.add_argument("--data", help="a text file (bytes) or a nanoGPT-style uint16 .bin token file; "
@@ -143,10 +150,20 @@ def make_preset(args) -> presets_lib.Preset:
     over["execution"] = args.execution
   if args.fsdp:
     over["fsdp"] = True
+  given = [n for n, v in (("--warmup", args.warmup), ("--warmup-steps", args.warmup_steps),
+                          ("--warmup-delays", args.warmup_delays)) if v is not None]
+  if len(given) > 1:
+    raise ValueError(f"give one of {' and '.join(given)}: each sets the warm-up")
   if args.warmup is not None:
     if not 0 <= args.warmup < 1:
       raise ValueError(f"--warmup must be in [0, 1), got {args.warmup}")
     over["warmup_fraction"] = args.warmup
+  if args.warmup_steps is not None:
+    over["warmup_steps"] = args.warmup_steps  # RunConfig.validate checks it against the steps
+  if args.warmup_delays is not None and not args.warmup_delays >= 0:
+    raise ValueError(f"--warmup-delays must be >= 0, got {args.warmup_delays}")
+  if args.b2 is not None:
+    over["b2"] = args.b2
   return dataclasses.replace(preset, template=dataclasses.replace(t, **over),
                              learning_rates=_learning_rates(preset, args.lr))
 
@@ -162,6 +179,9 @@ def make_plan(args) -> Plan:
   if len(set(args.seeds)) != len(args.seeds):
     raise ValueError(f"--seeds has duplicates: {args.seeds}")
   stages = tuple(sorted(set(args.stages or preset.stages) | {1}))
+  if args.warmup_delays is not None:
+    preset = dataclasses.replace(preset, template=dataclasses.replace(
+        preset.template, warmup_steps=round(args.warmup_delays * (max(stages) - 1))))
   names = tuple(preset.ablations if args.ablations is None else args.ablations)
   chosen = [(a, ablations_lib.check_ablation(a)) for a in names]
 

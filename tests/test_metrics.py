@@ -84,3 +84,38 @@ def test_aggregate_reports_mean_and_range_across_seeds():
   seed_tables[1][0]["iters"] = None
   key = (seed_tables[1][0]["method"], seed_tables[1][0]["stages"])
   assert {(r["method"], r["stages"]): r for r in metrics.aggregate(seed_tables)}[key]["iters"] is None
+
+
+def _scaled(speed, steps=1200):
+  """A noise-free curve that reaches every level ``1 / speed`` times as late as ``_synthetic(1)``."""
+  return _synthetic(1.0 / speed, steps)
+
+
+def test_common_target_slowdown_and_staleness_gain_are_recovered():
+  # PipeDream slows down 4x, rotation 2x; rotation is 1.5x faster than PipeDream at P = 1, so at
+  # P = 16 it is 1.5 * 4 / 2 = 3x faster: its advantage grows by 2x with staleness.
+  curves = {("pipedream", 1): _scaled(1.0), ("pipedream", 16): _scaled(0.25),
+            ("rotation", 1): _scaled(1.5), ("rotation", 16): _scaled(0.75),
+            ("broken", 1): _scaled(1.0), ("broken", 16): np.full(1200, np.nan)}
+  rows = {(r["method"], r["stages"]): r for r in metrics.study_table(
+      curves, ["pipedream"], 60, step_seconds={("rotation", 16): 0.5, ("pipedream", 16): 0.25})}
+  assert abs(rows[("pipedream", 16)]["slowdown_common"] / 4.0 - 1) < 0.02
+  assert abs(rows[("rotation", 16)]["slowdown_common"] / 2.0 - 1) < 0.02
+  assert abs(rows[("rotation", 1)]["advantage"] / 1.5 - 1) < 0.02
+  assert abs(rows[("rotation", 16)]["advantage"] / 3.0 - 1) < 0.02
+  assert abs(rows[("rotation", 16)]["staleness_gain"] / 2.0 - 1) < 0.03
+  assert rows[("pipedream", 16)]["advantage"] == 1.0
+  # a diverged run gets nothing and does not remove the others' common levels
+  assert rows[("broken", 16)]["slowdown_common"] is None and rows[("broken", 16)]["advantage"] is None
+  # wall-clock to the target = iterations x seconds per step
+  r = rows[("rotation", 16)]
+  assert r["seconds"] == r["iters"] * 0.5 and rows[("rotation", 1)]["seconds"] is None
+
+
+def test_common_levels_are_reached_by_every_run():
+  curves = [_scaled(1.0), _scaled(0.3), np.maximum(_scaled(1.0), 2.5)]  # the last stops at 2.5
+  levels = metrics.common_levels(curves, 60, num_levels=10)
+  assert len(levels) == 10 and levels.min() >= 2.5 - 1e-9
+  for c in curves[:2]:
+    assert np.all(np.isfinite(metrics.times_to(c, levels, 60)))
+  assert len(metrics.common_levels([np.full(100, 3.0), np.full(100, 1.0)], 5)) == 0  # no shared range

@@ -122,24 +122,22 @@ def _damage_checkpoints(run_dir):
       f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
 
 
-def test_two_interruptions_after_damaged_checkpoints_lose_only_the_last_chunk(tmp_path, corpus):
+def test_two_interruptions_after_damaged_checkpoints_lose_only_the_last_chunk(tmp_path, corpus, trained):
   # Every checkpoint (10, 20) damaged: the run restarts from 0. Orbax refuses to save a step at or
   # below its newest, so unless the damaged ones are set aside no progress would be saved before
   # step 30, and a second interruption would restart from 0 again.
-  config = dataclasses.replace(CONFIG, steps=50)
   run_dir = tmp_path / "run"
   with pytest.raises(_Stop):
-    runs.train(config, corpus, run_dir, progress=_StopAt(30))  # checkpoints 10, 20
+    runs.train(CONFIG, corpus, run_dir, progress=_StopAt(30))  # checkpoints 10, 20; stopped at 30
   _damage_checkpoints(run_dir)
   with pytest.warns(UserWarning, match="cannot be restored"):
     with pytest.raises(_Stop):
-      runs.train(config, corpus, run_dir, progress=_StopAt(30))  # restarts at 0, saves 10 and 20
+      runs.train(CONFIG, corpus, run_dir, progress=_StopAt(30))  # restarts at 0, saves 10 and 20
   assert sorted(p.name for p in (run_dir / "checkpoints.damaged").iterdir()) == ["10", "20"]
   bar = _StopAt(10**9)
-  resumed = runs.train(config, corpus, run_dir, progress=bar)
+  resumed = runs.train(CONFIG, corpus, run_dir, progress=bar)
   assert bar.first == 20  # resumed at the newest checkpoint of the second try
-  clean = runs.train(config, corpus, tmp_path / "clean")
-  assert resumed["losses"] == clean["losses"] and resumed["status"] == "finished"
+  assert resumed["losses"] == trained[1]["losses"] and resumed["status"] == "finished"
 
 
 def test_checkpoints_of_other_code_are_not_resumed(tmp_path, corpus, monkeypatch):

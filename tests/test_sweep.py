@@ -1,6 +1,5 @@
 """The sweep end to end on the smoke preset, resume after an interrupt, and bad input."""
 
-import dataclasses
 import json
 
 import numpy as np
@@ -227,8 +226,8 @@ def test_fsdp_on_one_device_is_an_error():
 
 
 def test_a_p1_only_sweep_claims_nothing_about_staleness(tmp_path):
-  out = sweep.main(["--preset", "smoke", "--methods", "pipedream", "rotation", "--stages", "1",
-                    "--steps", "20", "--out", str(tmp_path / "p1")])
+  out = sweep.main(["--preset", "smoke", "--methods", "pipedream", "--stages", "1", "--steps", "10",
+                    "--out", str(tmp_path / "p1")])
   report = (out / "report.md").read_text()
   assert "largest P = 1 (paper: 32)" in report and "largest P = 4" not in report
   assert "from P = 1 to P = 1" not in report and "this sweep ran P = 1 only | not measured" in report
@@ -246,10 +245,11 @@ def test_progress_shows_the_whole_name_and_a_resumption(tmp_path, monkeypatch):
   spec = runs.RunConfig(method="pipedream", stages=2, steps=30, batch_size=4, model="cpu-tiny", chunk=10,
                         eval_every=10, eval_batches=1, checkpoint_every=10)
   ds = data_lib.default_corpus(32)
+  run_dir = tmp_path / "out" / "runs" / runs.run_name(spec, ds.sha256, ds.vocab_size, 1)
   with pytest.raises(_Interrupt):
-    runs.train(spec, ds, tmp_path / "r", progress=Recorder(stop_at=20))
+    runs.train(spec, ds, run_dir, progress=Recorder(stop_at=20))
   bar = Recorder(stop_at=10**9)
-  runs.train(spec, ds, tmp_path / "r", progress=bar)
+  runs.train(spec, ds, run_dir, progress=bar)
   assert bar.postfixes[0] == {"resumed at": 10} and all(p["resumed at"] == 10 for p in bar.postfixes)
   descriptions = []
 
@@ -268,8 +268,7 @@ def test_progress_shows_the_whole_name_and_a_resumption(tmp_path, monkeypatch):
       return False
 
   monkeypatch.setattr(sweep, "tqdm", Bar)
-  spec = dataclasses.replace(spec, tag="a-long-tag-to-pass-48-characters")
-  sweep._run(spec, ds, tmp_path / "out", Bar(total=1))
+  sweep._run(spec, ds, tmp_path / "out", Bar(total=1))  # the finished run above: nothing trains
   assert len(spec.name) > 48 and spec.name in descriptions  # not cut
 
 
@@ -295,3 +294,22 @@ def test_ctrl_c_during_compilation_exits_cleanly(tmp_path):
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == 130, err[-2000:]
   assert "interrupted; run the same command again to resume" in err and "Fatal Python error" not in err
+
+
+def test_warmup_in_delays_and_b2_reach_every_run():
+  plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--warmup-delays", "2.5", "--b2", "0.99"]))
+  assert all(c.warmup_steps == 8 and c.b2 == 0.99 for c in plan.main)  # 2.5 x tau_max (P = 4: 3)
+  assert {c.stages for c in plan.main} == {1, 4}  # P = 1 shares the schedule
+  c = plan.main[0]
+  assert runs.methods.schedule(c)(8) == c.lr  # the peak is reached after the warm-up
+  assert "-wu8-b2_0.99" in c.name
+  with pytest.raises(ValueError, match="give one of --warmup and --warmup-delays"):
+    sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--warmup", "0.1", "--warmup-delays", "2"]))
+  with pytest.raises(ValueError, match=r"warmup_steps must be in \[0, steps=40\), got 50"):
+    sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--warmup-steps", "50"]))
+  opt = runs.methods.stage_optimizers(c)[0]  # b2 reaches the optimizer: Adam's second moment
+  import jax.numpy as jnp
+  state = opt.init({"w": jnp.zeros(3)})
+  _, state = opt.update({"w": jnp.full(3, 0.1)}, state, {"w": jnp.zeros(3)})  # norm < 1: not clipped
+  nu = [x for x in __import__("jax").tree.leaves(state) if getattr(x, "shape", ()) == (3,)]
+  assert any(abs(float(v[0]) - 1e-4) < 1e-9 for v in nu)  # (1 - b2) g^2 with b2 = 0.99
