@@ -443,12 +443,14 @@ def write_csv(path: pathlib.Path, results, window: int) -> None:
 
 
 def write(out: pathlib.Path, preset, main_results, ablation_results, registry, ds, wall_seconds: float,
-          deviations=()) -> list:
+          deviations=(), command: str | None = None, code: dict | None = None) -> list:
   """Writes results.csv, report.md and the figures into ``out``; returns the main study's rows.
 
   Args:
     registry: ``{ablation name: Ablation}`` whose ``section`` renders that ablation.
     deviations: lines listing how this preset differs from the paper.
+    command: the command line that made the report (recorded in its header).
+    code: ``{"version", "commit"}`` of the code that wrote it (``runs.code_version()``).
   """
   window = preset.window()
   everything = list(main_results) + [r for _, r in ablation_results]
@@ -456,12 +458,20 @@ def write(out: pathlib.Path, preset, main_results, ablation_results, registry, d
   ctx = Context(out, window, list(main_results), [])
   seeds = sorted({r["config"]["seed"] for r in everything})
   t = preset.template
+  warmup = (f"{t.warmup_steps} steps" if t.warmup_steps is not None else f"{t.warmup_fraction:.1%}")
+  trained = sum(r.get("seconds") or 0.0 for r in everything)
+  code_of = lambda r: (r.get("versions") or {}).get("code") or {}
+  commits = sorted({str(code_of(r).get("commit"))[:12] for r in everything})
+  code = code or {}
   lines = [f"# Staleness study: preset `{preset.name}`", "",
+           f"- made by `{command or 'python -m experiments.sweep'}` (code {code.get('version')}, commit "
+           f"{str(code.get('commit'))[:12]}; runs trained by commit(s) {', '.join(commits)}): "
+           f"{trained:.0f} s of training over its {len(everything)} runs (compilation included), "
+           f"{wall_seconds:.0f} s for this invocation (cached runs are not retrained)",
            f"- data: `{ds.name}`, {ds.num_tokens} tokens, vocabulary {ds.vocab_size}, sha256 `{ds.sha256}`",
            f"- model `{t.model}`, {t.steps} steps of batch {t.batch_size}, warm-up "
-           f"{t.warmup_fraction:.1%} then cosine to {t.final_lr_fraction:g} x peak, PipeDream-LR "
-           f"T_c = {t.pipemare_fraction:.1%} of training; seeds {seeds}; wall time of this "
-           f"invocation {wall_seconds:.0f} s",
+           f"{warmup} then cosine to {t.final_lr_fraction:g} x peak, b2 {t.b2:g}, PipeDream-LR "
+           f"T_c = {t.pipemare_fraction:.1%} of training; seeds {seeds}",
            f"- smoothing: centred window of {2 * metrics.half_window(window) + 1} steps; target at "
            f"P = final smoothed loss of the best asynchronous baseline ({', '.join(BASELINES)}) at "
            "that P; slowdown = iterations at P / iterations at P = 1 to that target; 'never' = the "

@@ -15,6 +15,7 @@ import dataclasses
 import fcntl
 import os
 import pathlib
+import shutil
 import sys
 import time
 import warnings
@@ -76,6 +77,8 @@ def parse_args(argv=None):
   parser.add_argument("--ablations", nargs="*", help="ablation groups (default: the preset's): "
                       + "; ".join(f"{k}: {v.description}" for k, v in ablations_lib.ABLATIONS.items()))
   parser.add_argument("--out", help="results folder (default results/<preset>)")
+  parser.add_argument("--publish", help="also copy report.md, results.csv and the figures into this "
+                      "folder (for example docs/results/cpu), after the report is written")
   parser.add_argument("--dry-run", action="store_true", help="print the plan (every run, cached or "
                       "not) with each unfinished run's compiled FLOPs per step, memory and estimated "
                       "time from one timed chunk; trains nothing")
@@ -298,6 +301,17 @@ def dry_run(plan: Plan, ds, out: pathlib.Path) -> list:
   return rows
 
 
+def publish(out: pathlib.Path, target: pathlib.Path) -> None:
+  """Copies a sweep's report, table and figures (not its runs) into ``target``, replacing older
+  figures there, so that a reader sees them without running anything."""
+  target.mkdir(parents=True, exist_ok=True)
+  for old in target.glob("*.png"):
+    old.unlink()
+  for f in [out / "report.md", out / "results.csv", *sorted(out.glob("*.png"))]:
+    shutil.copyfile(f, target / f.name)
+  print(f"published {out / 'report.md'} and {len(list(out.glob('*.png')))} figures to {target}")
+
+
 def deviations(preset, ds, stages) -> list:
   """How this preset's runs differ from the paper's setup (listed in the report)."""
   t = preset.template
@@ -353,8 +367,12 @@ def main(argv=None) -> pathlib.Path:
       ablation_results = [(a, _run(c, ds, out, overall)) for a, c in plan.ablations]
     wall = time.time() - t0
     if runs.is_primary():
+      command = "python -m experiments.sweep " + " ".join(sys.argv[1:] if argv is None else argv)
       report.write(out, preset, main_results, ablation_results, ablations_lib.ABLATIONS, ds, wall,
-                   deviations(preset, ds, plan.stages))
+                   deviations(preset, ds, plan.stages), command=command.strip(),
+                   code=runs.code_version())
+      if args.publish:
+        publish(out, pathlib.Path(args.publish))
   print(f"done in {wall:.0f}s: {out / 'report.md'}")
   return out
 

@@ -21,10 +21,17 @@ def test_smoke_sweep_end_to_end(tmp_path):
   report = (out / "report.md").read_text()
   assert "| pipedream | 1.00 |" in report and "| rotation |" in report
   assert len((out / "results.csv").read_text().strip().splitlines()) == 5
-  # Running again skips every finished run (nothing recomputed) and rewrites the same report.
+  # Running again skips every finished run (nothing recomputed), rewrites the report, and with
+  # --publish copies it with its figures and table (a folder a reader can open).
   before = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/result.json")}
-  sweep.main(["--preset", "smoke", "--out", str(out)])
+  sweep.main(["--preset", "smoke", "--out", str(out), "--publish", str(tmp_path / "pub")])
   assert {p: p.stat().st_mtime_ns for p in before} == before
+  published = sorted(p.name for p in (tmp_path / "pub").iterdir())
+  assert published == ["main_loss.png", "main_slowdown.png", "report.md", "results.csv"]
+  header = (tmp_path / "pub" / "report.md").read_text().splitlines()[2]
+  assert header.startswith(f"- made by `python -m experiments.sweep --preset smoke --out {out} --publish")
+  assert f"commit {str(runs.code_version()['commit'])[:12]}" in header
+  assert "s of training over its 4 runs" in header
 
 
 class _Interrupt(Exception):
