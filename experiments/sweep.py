@@ -338,6 +338,7 @@ def deviations(preset, ds, stages) -> list:
 
 def main(argv=None) -> pathlib.Path:
   args = parse_args(argv)
+  runs.code_version()  # read now (cached): a commit made while the sweep runs is not this code
   runs.initialize_distributed()  # several hosts: see the README's "Many devices"
   plan = make_plan(args)
   preset = plan.preset
