@@ -178,6 +178,44 @@ def _plan(tree, mask, geometry, max_dim, refresh_every, stagger=False) -> _Plan:
                tuple(_GroupPlan(tuple(members), *key) for key, members in groups.items()))
 
 
+def _lookup(tree, path):
+  """The subtree of ``tree`` at a key path of the parameters (``None`` where it has none)."""
+  for key in path:
+    if tree is None:
+      return None
+    name = getattr(key, "key", getattr(key, "idx", getattr(key, "name", None)))
+    try:
+      tree = getattr(tree, name) if isinstance(key, jax.tree_util.GetAttrKey) else tree[name]
+    except (KeyError, IndexError, TypeError, AttributeError):
+      return None
+  return tree
+
+
+def _given_bases(bases, params, plan):
+  """Per group: stacked float32 ``(U, V)`` looked up in a tree of fixed bases by each rotated
+  leaf's key path (shapes checked; a subtree may be ``None`` or missing where nothing is rotated)."""
+  paths = [path for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+  out = []
+  for g in plan.groups:
+    sides = []
+    for side, dim, rotated in ((0, g.shape[0], g.left), (1, g.shape[1], g.right)):
+      if not rotated:
+        sides.append(None)
+        continue
+      mats = []
+      for i in g.members:
+        pair = _lookup(bases, paths[i])
+        q = pair[side] if isinstance(pair, (tuple, list)) and len(pair) == 2 else None
+        if q is None or jnp.shape(q) != (dim, dim):
+          raise ValueError(f"bases: parameter {jax.tree_util.keystr(paths[i])} of shape "
+                           f"{plan.shapes[i]} needs a {'left' if side == 0 else 'right'} basis of "
+                           f"shape ({dim}, {dim}), got {None if q is None else jnp.shape(q)}")
+        mats.append(jnp.asarray(q, jnp.float32))
+      sides.append(jnp.stack(mats))
+    out.append(tuple(sides))
+  return out
+
+
 def _check_float_leaves(params):
   """A non-float leaf would get its update cast to an integer (zero, or a wrong step)."""
   for path, x in jax.tree_util.tree_leaves_with_path(params):
@@ -231,6 +269,7 @@ def scale_by_basis_rotation(
     stagger: bool = False,
     orthonormalization: str = "qr",
     batch_refresh: bool | None = None,
+    bases: Any | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Runs ``inner`` in a rotated (Kronecker-factored) eigenbasis of every selected matrix.
 
@@ -287,6 +326,12 @@ def scale_by_basis_rotation(
     batch_refresh: refresh a group's same-shape matrices in one batched call (``vmap``) rather than
       one at a time (``lax.map``). ``None``: batched except on CPU, where concurrent batched LAPACK
       kernels (eigh, QR, SVD) can deadlock XLA's thread pool.
+    bases: ``None`` (estimate the bases, the paper's method) or *fixed* bases: a pytree with the
+      parameters' structure holding, per leaf, ``(U, V)`` (``None`` for a side, or the whole
+      leaf, that is not rotated; sides as ``mask``, ``geometry`` and ``max_precond_dim`` select
+      them). The bases are then never refreshed and no statistics are kept: Adam in a given basis
+      (the identity: exactly ``inner``; a random orthogonal basis; the exact eigenbasis of a known
+      Hessian, as an oracle; a frozen estimate). Ablations of the mechanism.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is ``BasisRotationState``.
@@ -316,7 +361,8 @@ def scale_by_basis_rotation(
                        if isinstance(inner, (int, float)) else ""))
   inner = optax.with_extra_args_support(scale_by_adam(b1, b2, eps) if inner is None else inner)
   bs = b2 if shampoo_beta is None else shampoo_beta
-  second = source == "second"
+  second = source == "second" and bases is None
+  fixed = bases is not None
 
   def plan_of(tree):
     return _plan(tree, mask, geometry, max_precond_dim, refresh_every, stagger)
@@ -336,18 +382,23 @@ def scale_by_basis_rotation(
     if source == "first" and otu.tree_get(inner_state, "mu") is None:
       raise ValueError("source='first' needs an inner transformation with a first moment named 'mu'")
 
-    def group(g):
+    given = _given_bases(bases, params, plan) if fixed else None
+
+    def group(j, g):
       k, (m, n) = len(g.members), g.shape
       eye = lambda d: jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (k, d, d))
       zeros = lambda d: jnp.zeros((k, d, d), jnp.float32)
+      left = eye(m) if g.left else None
+      right = eye(n) if g.right else None
+      if fixed:
+        left, right = given[j]
       return RotationGroup(
-          members=jnp.asarray(g.members, jnp.int32),
-          left=eye(m) if g.left else None, right=eye(n) if g.right else None,
+          members=jnp.asarray(g.members, jnp.int32), left=left, right=right,
           stat_left=zeros(m) if g.left and second else None,
           stat_right=zeros(n) if g.right and second else None)
 
-    return BasisRotationState(jnp.zeros([], jnp.int32), tuple(group(g) for g in plan.groups),
-                              inner_state)
+    return BasisRotationState(jnp.zeros([], jnp.int32),
+                              tuple(group(j, g) for j, g in enumerate(plan.groups)), inner_state)
 
   def statistics(g, sl, sr):
     """One matrix's second-order statistics L, R (updated every step; lifted with vmap)."""
@@ -409,6 +460,8 @@ def scale_by_basis_rotation(
     Refreshes loop over the matrices with ``lax.map`` or run batched (``vmap``): see
     ``batch_refresh``.
     """
+    if fixed:  # given bases: rotate, nothing to refresh
+      return jax.vmap(_rotate_in)(g, group.left, group.right), group, mu, nu
     batched = jax.default_backend() != "cpu" if batch_refresh is None else batch_refresh
     each = jax.vmap if batched else (lambda f: lambda a: jax.lax.map(f, a))
     sl, sr = jax.vmap(statistics)(g, group.stat_left, group.stat_right)
@@ -471,6 +524,7 @@ def basis_rotation(
     stagger: bool = False,
     orthonormalization: str = "qr",
     batch_refresh: bool | None = None,
+    bases: Any | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW in a rotated eigenbasis: the paper's optimizer as an optax alias.
 
@@ -496,6 +550,7 @@ def basis_rotation(
       ``scale_by_basis_rotation``.
     orthonormalization: ``"qr"`` or ``"cholesky_qr"``; see ``scale_by_basis_rotation``.
     batch_refresh: batch the refresh of same-shape matrices; see ``scale_by_basis_rotation``.
+    bases: fixed bases instead of estimated ones; see ``scale_by_basis_rotation``.
 
   Returns:
     The chained ``optax.GradientTransformationExtraArgs``.
@@ -505,7 +560,8 @@ def basis_rotation(
                               b1=b1, b2=b2, eps=eps, shampoo_beta=shampoo_beta,
                               max_precond_dim=max_precond_dim, mask=mask,
                               first_order_step=first_order_step, stagger=stagger,
-                              orthonormalization=orthonormalization, batch_refresh=batch_refresh),
+                              orthonormalization=orthonormalization, batch_refresh=batch_refresh,
+                              bases=bases),
       optax.add_decayed_weights(weight_decay, weight_decay_mask),
       optax.scale_by_learning_rate(learning_rate),
   )

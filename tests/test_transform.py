@@ -516,3 +516,31 @@ def test_a_learning_rate_given_as_inner_is_a_clear_error():
 def test_integer_leaves_are_refused_at_init(tx):
   with pytest.raises(TypeError, match=r"parameter \['step'\] has dtype int32"):
     tx.init({"w": jnp.zeros((3, 3)), "step": jnp.zeros((), jnp.int32)})
+
+
+def test_fixed_bases_identity_is_adam_and_any_basis_is_adam_in_it():
+  rng = np.random.default_rng(11)
+  shape = (6, 5)
+  grads = [jnp.asarray(rng.normal(size=shape), jnp.float32) for _ in range(6)]
+  params = {"w": jnp.zeros(shape), "b": jnp.zeros(5)}
+  adam = rotation.scale_by_adam()
+
+  def run(tx, gs):
+    state, out = tx.init(params), []
+    for g in gs:
+      u, state = tx.update({"w": g, "b": g[0]}, state)
+      out.append(np.asarray(u["w"]))
+    return np.stack(out)
+
+  eye = {"w": (jnp.eye(6), jnp.eye(5)), "b": None}
+  np.testing.assert_array_equal(run(rotation.scale_by_basis_rotation(bases=eye), grads), run(adam, grads))
+  u = np.linalg.qr(rng.normal(size=(6, 6)))[0]
+  v = np.linalg.qr(rng.normal(size=(5, 5)))[0]
+  fixed = rotation.scale_by_basis_rotation(bases={"w": (jnp.asarray(u), jnp.asarray(v)), "b": None})
+  rotated = run(adam, [jnp.asarray(u.T @ np.asarray(g) @ v, jnp.float32) for g in grads])
+  np.testing.assert_allclose(run(fixed, grads), u @ rotated @ v.T, atol=1e-5)
+  state = fixed.init(params)
+  assert state.groups[0].stat_left is None and np.allclose(state.groups[0].left[0], u)
+  with pytest.raises(ValueError, match=r"parameter \[.w.\] of shape \(6, 5\) needs a right basis of "
+                                       r"shape \(5, 5\), got \(6, 6\)"):
+    rotation.scale_by_basis_rotation(bases={"w": (jnp.eye(6), jnp.eye(6)), "b": None}).init(params)

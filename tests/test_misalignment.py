@@ -1,0 +1,35 @@
+"""The controlled misalignment x delay study (experiments/misalignment.py) on a tiny grid."""
+
+import numpy as np
+
+from experiments import misalignment as mis
+
+TINY = mis.Study(dim=4, thetas=(0.0, 45.0), taus=(0, 2), seeds=(0,), lrs=(0.01, 0.04, 0.16), steps=80)
+
+
+def test_harness_identity_basis_equals_adam_and_the_delay_is_the_librarys():
+  assert mis.identity_check(TINY) == 0.0  # Adam and Adam in the identity basis: one trajectory
+  a, b, qa, qb, _ = mis.problem(TINY, 45.0)
+  np.testing.assert_allclose(qa.T @ a @ qa, np.diag(np.diag(qa.T @ a @ qa)), atol=1e-10)
+  assert abs(np.degrees(np.max(np.abs(np.angle(np.linalg.eigvals(qa))))) - 45.0) < 1e-6  # the angle
+  # the delayed run's first tau losses are W_0's: the pipeline applied the gradient tau steps late
+  curves = mis.trajectories(TINY, "adam", 0.0, 2)
+  undelayed = mis.trajectories(TINY, "adam", 0.0, 0)
+  assert curves.shape == (3, 1, 78) and undelayed.shape == (3, 1, 80)
+  np.testing.assert_allclose(curves[:, :, :2], undelayed[:, :, :2], rtol=1e-5)  # W_1, W_2 before any
+  assert not np.allclose(curves[:, :, 5], undelayed[:, :, 5])  # stale gradient applied
+
+
+def test_misalignment_grows_with_the_angle():
+  m = [mis.misalignment_of(TINY, t) for t in (0.0, 45.0)]
+  assert m[0] <= 0.25 + 1e-6 < m[1]  # a diagonal 16 x 16 Hessian: at most 1 / sqrt(16)
+
+
+def test_steps_cell_and_slope():
+  curves = np.array([[[1.0, 0.5, 0.009, 0.001]], [[1.0, 0.9, 0.8, 0.7]]])
+  steps = mis.steps_to_target(curves, 0.01)
+  assert steps.tolist() == [[2.0], [np.inf]]
+  c = mis.cell(mis.Study(lrs=(0.1, 0.2)), steps)
+  assert c["lr"] == 0.1 and c["median"] == 2.0 and not c["interior"]
+  assert abs(mis.slope([0, 1, 2], [10, 20, 40]) - np.log(2)) < 1e-12
+  assert mis.slope([0, 1], [10, np.inf]) is None
