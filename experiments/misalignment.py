@@ -60,8 +60,8 @@ class Study:
   thetas: tuple = (0.0, 5.0, 15.0, 30.0, 45.0)  # degrees
   taus: tuple = (0, 1, 3, 7, 15)
   seeds: tuple = (0, 1, 2)
-  lrs: tuple = tuple(float(x) for x in np.geomspace(1e-3, 0.256, 9))  # x2 grid
-  steps: int = 1500
+  lrs: tuple = tuple(float(x) for x in np.geomspace(2e-3, 0.128, 7))  # x2 grid
+  steps: int = 1200
   target: float = 1e-2  # of the initial loss
   sigma: float = 0.05  # gradient-noise scale (relative to the Hessian's square root)
   refresh_every: int = 10
