@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import json
 import pathlib
+import sys
 import time
 
 import jax
@@ -46,7 +47,7 @@ import scipy.linalg
 
 import pipeline_sim as ps
 import rotation
-from experiments import hessian
+from experiments import hessian, runs
 
 OPTIMIZERS = ("adam", "rotation", "oracle")
 
@@ -145,7 +146,7 @@ def cell(study: Study, steps: np.ndarray) -> dict:
   med = np.median(steps, axis=1)
   best = int(np.argmin(med))
   return {"lr": study.lrs[best], "steps": steps[best].tolist(), "median": float(med[best]),
-          "interior": 0 < best < len(study.lrs) - 1 and np.isfinite(med[best])}
+          "interior": bool(0 < best < len(study.lrs) - 1 and np.isfinite(med[best]))}
 
 
 def slope(taus, medians) -> float | None:
@@ -174,7 +175,7 @@ def identity_check(study: Study) -> float:
   return float(np.max(np.abs(adam - oracle)))
 
 
-def run(study: Study, out: pathlib.Path) -> dict:
+def run(study: Study, out: pathlib.Path, argv=None) -> dict:
   t0 = time.time()
   got = {"study": dataclasses.asdict(study), "identity_check": identity_check(study), "cells": {},
          "misalignment": {str(t): misalignment_of(study, t) for t in study.thetas}}
@@ -192,7 +193,18 @@ def run(study: Study, out: pathlib.Path) -> dict:
   got["seconds"] = time.time() - t0
   out.mkdir(parents=True, exist_ok=True)
   (out / "misalignment.json").write_text(json.dumps(got, indent=1))
-  (out / "misalignment.md").write_text("\n".join(table(study, got)) + "\n")
+  code = runs.code_version()
+  command = " ".join(["python -m experiments.misalignment", *(argv or [])])
+  header = ["# Misalignment x delay on a controlled problem", "",
+            f"- made by `{command}` (code {code['version']}, commit {str(code['commit'])[:12]}), "
+            f"{got['seconds']:.0f} s on this machine",
+            f"- {study.dim} x {study.dim} matrix, Hessian A (x) B with condition number {study.condition:g}, "
+            f"gradient noise {study.sigma:g} A^(1/2) Z B^(1/2); updates until f(W) <= {study.target:g} x "
+            f"f(W_0); learning rates {', '.join(f'{x:g}' for x in study.lrs)}, per cell the one with the "
+            f"fewest median updates over seeds {list(study.seeds)} (* = at an edge of the grid); "
+            f"identity check (Adam vs Adam in the identity basis): max |diff| {got['identity_check']:.1e}",
+            ""]
+  (out / "report.md").write_text("\n".join(header + table(study, got) + ["", "![](misalignment.png)", ""]))
   figure(study, got, out / "misalignment.png")
   return got
 
@@ -241,10 +253,10 @@ def main(argv=None):
   if args.steps < max(Study.taus) + 2:
     raise ValueError(f"--steps must exceed the largest delay {max(Study.taus)} + 1, got {args.steps}")
   study = Study(steps=args.steps, seeds=tuple(args.seeds))
-  got = run(study, pathlib.Path(args.out))
+  got = run(study, pathlib.Path(args.out), argv=list(sys.argv[1:] if argv is None else argv))
   print("\n".join(table(study, got)))
   print(f"identity check (Adam vs Adam in the identity basis, theta = 0): max |diff| "
-        f"{got['identity_check']:.2e}; {got['seconds']:.0f} s; written {args.out}/misalignment.md")
+        f"{got['identity_check']:.2e}; {got['seconds']:.0f} s; written {args.out}/report.md")
 
 
 if __name__ == "__main__":

@@ -144,7 +144,7 @@ def main_section(ctx: Context, results) -> tuple[list, list]:
            pivot(rows, "slowdown"), "",
            "## Iterations to the target at P", "", pivot(rows, "iters", "{:.0f}"), "",
            "## Percent fewer iterations than the best baseline at P", "",
-           pivot(rows, "fewer", "{:+.1f}%", "n/a"), "",
+           pivot(rows, "fewer", "{:+.1f}%", "never"), "",
            "## Final smoothed training loss", "", pivot(rows, "final", "{:.4f}", "diverged"), "",
            "## Against the sync run's final loss (PipeDream at P = 1)", "",
            "Slowdown:", "", pivot(rows, "slowdown_sync"), "",
@@ -175,7 +175,7 @@ def study_section(ctx: Context, name: str, results, *, with_main_baselines=False
   lines = ["Slowdown from P = 1 to the method's own final loss at P:", "", pivot(rows, "slowdown_own"), ""]
   if fewer:
     lines += ["Percent fewer iterations than the best baseline (to its final loss at P):", "",
-              pivot(rows, "fewer", "{:+.1f}%", "n/a"), ""]
+              pivot(rows, "fewer", "{:+.1f}%", "never"), ""]
   lines += ["Final smoothed loss:", "", pivot(rows, "final", "{:.4f}", "diverged"), ""]
   if bars:
     top = max(stages)

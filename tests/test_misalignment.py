@@ -33,3 +33,11 @@ def test_steps_cell_and_slope():
   assert c["lr"] == 0.1 and c["median"] == 2.0 and not c["interior"]
   assert abs(mis.slope([0, 1, 2], [10, 20, 40]) - np.log(2)) < 1e-12
   assert mis.slope([0, 1], [10, np.inf]) is None
+
+
+def test_a_tiny_study_writes_its_table_and_figure(tmp_path):
+  small = mis.Study(dim=4, thetas=(0.0,), taus=(0, 1), seeds=(0,), lrs=(0.02, 0.08), steps=40)
+  got = mis.run(small, tmp_path)
+  assert (tmp_path / "misalignment.png").stat().st_size > 0 and got["identity_check"] == 0.0
+  assert "| adam | 0 |" in (tmp_path / "report.md").read_text()
+  assert set(got["slopes"]) == {f"{n}/0" for n in mis.OPTIMIZERS}
