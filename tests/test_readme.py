@@ -37,7 +37,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_readme_modules_exist():
-  modules = {m for m in re.findall(r"python -m ([a-z_]+(?:\.[a-z_]+)*)", README) if m.split(".")[0] in
+  modules = {m for m in re.findall(r"python -m ([a-z_]+(?:\.[a-z_]+)*)(?![.\w<])", README) if m.split(".")[0] in
              ("experiments", "autodiff_demos", "rotation", "pipeline_sim")}
   assert {"experiments.sweep", "autodiff_demos", "experiments.hessian"} <= modules
   for module in modules:
