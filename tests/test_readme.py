@@ -38,7 +38,8 @@ def test_ci_runs_the_readme_test_command():
 
 def test_readme_modules_exist():
   found = re.findall(r"python -m ([a-z_]+(?:\.[a-z_]+)*)(?![.\w<])", README)  # not experiments.<tool>
-  modules = {m for m in found if m.split(".")[0] in ("experiments", "autodiff_demos", "rotation", "pipeline_sim")}
+  ours = ("experiments", "autodiff_demos", "rotation", "pipeline_sim")
+  modules = {m for m in found if m.split(".")[0] in ours}
   assert {"experiments.sweep", "autodiff_demos", "experiments.hessian"} <= modules
   for module in modules:
     path = ROOT / (module.replace(".", "/") + ".py")
