@@ -120,8 +120,10 @@ def study_figures(ctx: Context, curves: dict, rows: list, name: str, title: str)
 
 
 def main_section(ctx: Context, results) -> tuple[list, list]:
+  """The main study's report lines and its per-seed tables (``seed_tables``)."""
   curves = curves_by(results)
-  rows = study_rows(curves, ctx.window, seconds=step_seconds_by(results))
+  tables = seed_tables(curves, ctx.window, seconds=step_seconds_by(results))
+  rows = metrics.aggregate(tables)
   study_figures(ctx, curves, rows, "main", "main study")
   lines = ["## Slowdown at common targets (the headline)", "",
            f"Median over {metrics.NUM_LEVELS} loss levels that every run of the seed reaches of the "
@@ -149,7 +151,7 @@ def main_section(ctx: Context, results) -> tuple[list, list]:
            "## Against the sync run's final loss (PipeDream at P = 1)", "",
            "Slowdown:", "", pivot(rows, "slowdown_sync"), "",
            "Iterations:", "", pivot(rows, "iters_sync", "{:.0f}"), ""]
-  return lines, rows
+  return lines, tables
 
 
 def study_section(ctx: Context, name: str, results, *, with_main_baselines=False,
@@ -324,17 +326,14 @@ def claims_section(ctx: Context, main_tables, groups) -> list:
     rot = _at(main_rows, "rotation", top)
     base = [b for b in BASELINES if _at(main_rows, b, top)]
     if rot is not None and base:
-      ours = f"rotation {cell(rot, 'slowdown_own')}; " + ", ".join(
-          f"{b} {cell(_at(main_rows, b, top), 'slowdown_own')}" for b in base)
-      add(f"rotation slows down least from P = 1 to P = {top}",
-          "1.27x vs PipeDream 5.81x, PipeDream-LR 4.24x, Nesterov ~4x (P = 32)", ours,
-          [_least({m: (_at(rows, m, top) or {}).get("slowdown_own") for m in base + ["rotation"]},
-                  "rotation") for rows in main_tables])
-      add(f"rotation slows down least from P = 1 to P = {top} at common targets (median over levels)",
-          "1.27x vs 4-5.81x (P = 32)", f"rotation {cell(rot, 'slowdown_common')}; " + ", ".join(
-              f"{b} {cell(_at(main_rows, b, top), 'slowdown_common')}" for b in base),
-          [_least({m: (_at(rows, m, top) or {}).get("slowdown_common") for m in base + ["rotation"]},
-                  "rotation") for rows in main_tables])
+      for field, how in (("slowdown_own", ""),
+                         ("slowdown_common", " at common targets (median over levels)")):
+        add(f"rotation slows down least from P = 1 to P = {top}{how}",
+            "1.27x vs PipeDream 5.81x, PipeDream-LR 4.24x, Nesterov ~4x (P = 32)",
+            f"rotation {cell(rot, field)}; " + ", ".join(f"{b} {cell(_at(main_rows, b, top), field)}"
+                                                         for b in base),
+            [_least({m: (_at(rows, m, top) or {}).get(field) for m in base + ["rotation"]}, "rotation")
+             for rows in main_tables])
       add(f"rotation's lead over the best baseline grows with staleness (staleness gain, P = {top})",
           "the lead is almost entirely specific to staleness (> 1)", cell(rot, "staleness_gain"),
           [(r is not None and r["staleness_gain"] is not None and r["staleness_gain"] > 1,
@@ -481,8 +480,8 @@ def write(out: pathlib.Path, preset, main_results, ablation_results, registry, d
     lines += ["## Deviations from the paper", ""] + [f"- {d}" for d in deviations] + [""]
   rows, tables = [], []
   if main_results:
-    section, rows = main_section(ctx, main_results)
-    tables = seed_tables(curves_by(main_results), window, seconds=step_seconds_by(main_results))
+    section, tables = main_section(ctx, main_results)
+    rows = metrics.aggregate(tables)
     lines += section
   groups = collections.defaultdict(list)
   for a, r in ablation_results:
