@@ -183,9 +183,9 @@ class DevicePipeline:
         raise ValueError(f"batch size {x.shape[0]} is not divisible by the {n_data} devices of the "
                          f"{DATA!r} axis")
     parts = split_stages(params, self.labels, self.num_stages)
-    carries = [self._stage_carry(k, p) for k, p in enumerate(parts)]
-    self._layouts = [_layout(c) for c in carries]
-    self._stash_bytes = tuple(rb.tree_bytes(c[2]) if c[2] is not None else 0 for c in carries)
+    shapes = [jax.eval_shape(lambda p, k=k: self._stage_carry(k, p), part) for k, part in enumerate(parts)]
+    self._layouts = [_layout(c) for c in shapes]
+    self._stash_bytes = tuple(rb.tree_bytes(c[2]) if c[2] is not None else 0 for c in shapes)
     self._grad_layouts = [_layout(p) for p in parts]
     self._widths, self._grad_widths = _widths(self._layouts), _widths(self._grad_layouts)
     local_batch = jax.tree.map(
@@ -194,18 +194,31 @@ class DevicePipeline:
     self._act = act
     self._message = (act, local_batch)
     pk, pd = self.num_stages, n_data
+    grid = self.mesh.devices  # (P, D)
+    device = NamedSharding(self.mesh, P(STAGE, DATA))
 
-    def per_device(tree, lead=()):  # zeros of (P, D, *lead, *local) per leaf
-      return jax.tree.map(lambda s: jnp.zeros((pk, pd, *lead, *s.shape), s.dtype), tree)
-
-    packed = [_pack(c, lay, self._widths) for c, lay in zip(carries, self._layouts)]
-    carry = {d: jnp.broadcast_to(jnp.stack([p[d] for p in packed])[:, None], (pk, pd, w))
+    # Each stage's carry is built on its own first device (its parameters moved there, its
+    # optimizer state initialised there) and copied to the stage's other data devices: no device
+    # ever holds another stage's state.
+    def build(k, part):  # stage k's packed carry, (1, 1, width) per dtype
+      packed = _pack(self._stage_carry(k, part), self._layouts[k], self._widths)
+      return {d: x[None, None] for d, x in packed.items()}
+    stage_carry = [jax.jit(build, static_argnums=0)(k, jax.device_put(part, grid[k, 0]))
+                   for k, part in enumerate(parts)]
+    carry = {d: jax.make_array_from_single_device_arrays(
+        (pk, pd, w), device, [jax.device_put(stage_carry[k][d], grid[k, j])
+                              for k in range(pk) for j in range(pd)])
              for d, w in self._widths.items()}
-    state = DevicePipelineState(
-        jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), carry,
-        per_device(self._message, (pk,)), per_device(self._message), per_device(act),
-        jnp.zeros((2, pk), jnp.result_type(float)))
-    return jax.device_put(state, self._state_shardings(state))
+
+    def zeros(tree, lead=()):  # (P, D, *lead, *local) per leaf, each device allocating its own block
+      return jax.tree.map(lambda s: jax.jit(lambda: jnp.zeros((pk, pd, *lead, *s.shape), s.dtype),
+                                            out_shardings=device)(), tree)
+
+    whole = NamedSharding(self.mesh, P())
+    scalar = lambda: jax.device_put(jnp.zeros((), jnp.int32), whole)
+    return DevicePipelineState(scalar(), scalar(), scalar(), carry, zeros(self._message, (pk,)),
+                               zeros(self._message), zeros(act),
+                               jax.device_put(jnp.zeros((2, pk), jnp.result_type(float)), whole))
 
   def _state_shardings(self, state):
     device = NamedSharding(self.mesh, P(STAGE, DATA))
@@ -292,8 +305,14 @@ class DevicePipeline:
     branches, updates = self._branches(), self._updates()
     k = jax.lax.axis_index(STAGE)
     num_chunk = jax.tree.leaves(batches)[0].shape[0]
-    to_next = [(i, i + 1) for i in range(pk - 1)]
-    to_prev = [(i + 1, i) for i in range(pk - 1)]
+    # Only live messages move: in phase u, stage i forwards to i + 1 and stage i + 1 sends its
+    # cotangent back to i exactly for the pairs (i, i + 1) with i = u (mod 2); the other pairs idle.
+    def send(parity):
+      pairs = [i for i in range(pk - 1) if i % 2 == parity]
+      if not pairs:  # P = 2, odd phases: nothing is live
+        return lambda out, cot: jax.tree.map(jnp.zeros_like, (out, cot))
+      return lambda out, cot: (jax.lax.ppermute(out, STAGE, [(i, i + 1) for i in pairs]),
+                               jax.lax.ppermute(cot, STAGE, [(i + 1, i) for i in pairs]))
 
     def phase(state, u):
       carry, inbox, fwd, bwd = state
@@ -307,9 +326,8 @@ class DevicePipeline:
       is_backward = valid & ~is_forward
       carry = jax.lax.switch(jnp.where(is_backward, 1 + k, 0), updates, carry, grads)
       sq_norm = sum(jnp.sum(jnp.square(g.astype(loss.dtype))) for g in grads.values())
-      if pk > 1:
-        fwd = jax.lax.ppermute(out, STAGE, to_next)
-        bwd = jax.lax.ppermute(cot, STAGE, to_prev)
+      if pk > 1:  # u is the same on every device, so every device takes the same branch
+        fwd, bwd = jax.lax.cond(u % 2 == 0, send(0), send(1), out, cot)
       return (carry, inbox, fwd, bwd), (jnp.where(is_backward, m, -1), loss, sq_norm)
 
     us = u0 + jnp.arange(2 * num_chunk, dtype=jnp.int32)

@@ -10,6 +10,7 @@ import jax, jax.numpy as jnp, numpy as np, optax
 jax.config.update("jax_enable_x64", True)
 import pipeline_sim as ps
 import rotation
+from experiments.bench_devices import collective_bytes
 
 M, CHUNK, B, W = 8, 4, 8, 5
 rng = np.random.default_rng(0)
@@ -53,7 +54,11 @@ for name, num_stages, n_data, mode, opt_name in cases:
     sync = ps.Pipeline(lambda p, b: staged.loss([p], b), opt, {k: 0 for k in labels})
     vs_sync = float(np.max(np.abs(np.array(losses) - np.asarray(sync.run(sync.init(params), (xs, ys))[1]))))
   carry = next(iter(state.carry.values()))
+  chunk = (xs[:CHUNK], ys[:CHUNK])
+  moved = collective_bytes(jax.make_jaxpr(pipe._run_impl, static_argnums=2)(state, chunk, True))
+  message = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((pipe._message, pipe._act)))
   got[name] = {
+      "moved_per_micro_batch": moved["ppermute"] * n_data / CHUNK, "live_bytes": (num_stages - 1) * message,
       "steps": [int(s) for s in steps],
       "loss": float(np.max(np.abs(np.array(losses) - np.asarray(l_emu)))),
       "norm": float(np.max(np.abs(np.array(norms) - np.asarray(n_emu)))),
@@ -167,6 +172,15 @@ def test_each_device_holds_only_its_stage(got):
   assert r["buffer_bytes"] == r["emulator_buffer_bytes"] == sum(r["stash"])
   assert got["adam-ws-P2xD2"]["carry_shape"][:2] == [2, 2]
   assert got["rotation-ns-P4"]["stash"] == [0, 0, 0, 0]
+
+
+def test_only_live_messages_move_between_stages(got):
+  # Per micro-batch (two phases) each of the P - 1 links carries one forward message and one
+  # cotangent; sending every link in every phase (half of them zeros) would move twice as much.
+  for name in ("adam-ws-P4", "adam-ws-P3", "adam-ws-P2xD2", "rotation-ns-P4"):
+    r = got[name]
+    n_data = 2 if name.endswith("D2") else 1
+    assert r["moved_per_micro_batch"] == r["live_bytes"] * n_data, (name, r)
 
 
 def test_a_flush_completes_the_micro_batches_in_flight_and_restarts_the_fill(got):
