@@ -10,7 +10,13 @@ from experiments import runs, sweep
 
 
 def test_smoke_sweep_end_to_end(tmp_path):
-  out = sweep.main(["--preset", "smoke", "--out", str(tmp_path / "s")])
+  # Two runs at a time, each in a worker process (--jobs 2); a run trained here equals its worker's.
+  out = sweep.main(["--preset", "smoke", "--jobs", "2", "--out", str(tmp_path / "s")])
+  plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
+  ds = data_lib.load(None, context=plan.main[-1].model_config(256).context)
+  here = runs.train(plan.main[-1], ds, tmp_path / "here")  # rotation at P = 4
+  there = json.loads((sweep.run_dir_of(plan.main[-1], ds, out) / "result.json").read_text())
+  assert here["losses"] == there["losses"] and here["val_losses"] == there["val_losses"]
   for name in ("results.csv", "report.md", "main_loss.png", "main_slowdown.png"):
     assert (out / name).stat().st_size > 0, name
   results = [json.loads(p.read_text()) for p in (out / "runs").glob("*/result.json")]
@@ -238,6 +244,8 @@ def test_a_p1_only_sweep_claims_nothing_about_staleness(tmp_path):
   report = (out / "report.md").read_text()
   assert "largest P = 1 (paper: 32)" in report and "largest P = 4" not in report
   assert "from P = 1 to P = 1" not in report and "this sweep ran P = 1 only | not measured" in report
+  with pytest.raises(ValueError, match="--jobs must be >= 1, got 0"):
+    sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--jobs", "0"]))
 
 
 def test_progress_shows_the_whole_name_and_a_resumption(tmp_path, monkeypatch):
