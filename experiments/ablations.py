@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable
 
 from experiments import report
-from experiments.methods import ALLOCATIONS, BASELINES, VARIANTS
+from experiments.methods import ALLOCATIONS, BASELINES, BASES, VARIANTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +40,12 @@ ABLATIONS = {
     "refresh-period": Ablation(
         "Rotation with refresh period 100 against 10, at P = 1 and the largest P.",
         lambda make, top: [make(m, p) for m in ("rotation", "rotation-T100") for p in (1, top)],
+        functools.partial(report.study_section, with_main_baselines=True, bars=True)),
+    "bases": Ablation(
+        "Adam in a random fixed basis, in the eigenbasis frozen after 100 steps, and rotation "
+        "(refreshed), at P = 1 and the largest P, beside the coordinate basis (PipeDream's AdamW). "
+        "The mechanism predicts slowdowns ordered random > coordinate > frozen >= refreshed.",
+        lambda make, top: [make(m, p) for m in BASES for p in (1, top)],
         functools.partial(report.study_section, with_main_baselines=True, bars=True)),
     "moe": Ablation(
         "The mixture-of-experts model (cpu-moe) at P = 1 and 8.",

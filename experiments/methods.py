@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import optax
 
 import pipeline_sim as ps
@@ -21,6 +22,9 @@ class Method:
     refresh_every: uniform basis refresh period.
     allocation: stage-aware refresh allocation (``uniform``, ``proportional``, ``reverse``).
     first_order_step: first-order unilateral refresh, ``paper`` or ``power``.
+    bases: ``estimated`` (the paper's) or ``random`` (Adam in fixed Haar-random orthogonal bases,
+      drawn per stage from the run's seed): an ablation of the mechanism.
+    freeze_after: last step with a basis refresh (``None``: all run long): a frozen eigenbasis.
   """
 
   kind: str
@@ -29,6 +33,8 @@ class Method:
   refresh_every: int = 10
   allocation: str = "uniform"
   first_order_step: str = "paper"
+  bases: str = "estimated"
+  freeze_after: int | None = None
 
 
 METHODS = {
@@ -44,12 +50,17 @@ METHODS = {
     "rotation-sa": Method("rotation", allocation="proportional"),
     "rotation-sa-reverse": Method("rotation", allocation="reverse"),
     "rotation-T100": Method("rotation", refresh_every=100),
+    # Basis ablations (issue: the mechanism): Adam in a random fixed basis, and the eigenbasis
+    # estimated over the first 100 steps (10 refreshes) and then frozen.
+    "rotation-random": Method("rotation", bases="random"),
+    "rotation-frozen": Method("rotation", freeze_after=100),
 }
 
 
 BASELINES = ("pipedream", "pipedream-lr", "nesterov")  # the asynchronous baselines of the study
 VARIANTS = ("rotation", "rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni")  # the 2 x 2 taxonomy
 ALLOCATIONS = ("rotation", "rotation-sa", "rotation-sa-reverse")  # uniform, proportional, reverse refresh
+BASES = ("rotation-random", "rotation-frozen", "rotation")  # random, frozen, refreshed bases
 
 
 def check_method(name: str) -> Method:
@@ -88,9 +99,11 @@ def stage_optimizers(config) -> list[optax.GradientTransformation]:
                              b2=b2, weight_decay=wd)
     if method.kind == "nadam":
       return ps.nesterov(lr, b2=b2, weight_decay=wd)
+    bases = (jax.random.fold_in(jax.random.key(config.seed), k) if method.bases == "random" else None)
     return rotation.basis_rotation(lr, b2=b2, weight_decay=wd, source=method.source,
                                    geometry=method.geometry, refresh_every=periods[k],
                                    first_order_step=method.first_order_step,
-                                   mask=model_lib.rotation_mask)
+                                   mask=model_lib.rotation_mask, bases=bases,
+                                   freeze_after=method.freeze_after)
 
   return ps.per_stage(make, num_stages, clip_norm=config.clip_norm)

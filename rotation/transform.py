@@ -216,6 +216,24 @@ def _given_bases(bases, params, plan):
   return out
 
 
+def _is_key(x) -> bool:
+  return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _random_bases(key, plan):
+  """Per group: stacked Haar-random orthogonal ``(U, V)`` (``None`` for an unrotated side), one
+  independent draw per group and side from ``key``."""
+  out = []
+  for j, g in enumerate(plan.groups):
+    k = len(g.members)
+    sides = []
+    for side, dim, rotated in ((0, g.shape[0], g.left), (1, g.shape[1], g.right)):
+      draw = jax.random.fold_in(jax.random.fold_in(key, j), side)
+      sides.append(jax.random.orthogonal(draw, dim, (k,), jnp.float32) if rotated else None)
+    out.append(tuple(sides))
+  return out
+
+
 def _check_float_leaves(params):
   """A non-float leaf would get its update cast to an integer (zero, or a wrong step)."""
   for path, x in jax.tree_util.tree_leaves_with_path(params):
@@ -270,6 +288,7 @@ def scale_by_basis_rotation(
     orthonormalization: str = "qr",
     batch_refresh: bool | None = None,
     bases: Any | None = None,
+    freeze_after: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Runs ``inner`` in a rotated (Kronecker-factored) eigenbasis of every selected matrix.
 
@@ -331,7 +350,10 @@ def scale_by_basis_rotation(
       leaf, that is not rotated; sides as ``mask``, ``geometry`` and ``max_precond_dim`` select
       them). The bases are then never refreshed and no statistics are kept: Adam in a given basis
       (the identity: exactly ``inner``; a random orthogonal basis; the exact eigenbasis of a known
-      Hessian, as an oracle; a frozen estimate). Ablations of the mechanism.
+      Hessian, as an oracle; a frozen estimate). Ablations of the mechanism. A PRNG key
+      (``jax.random.key(seed)``) draws random orthogonal (Haar) bases for every rotated side.
+    freeze_after: ``None`` (refresh for ever) or a step count: no warm refresh after it, so the
+      bases estimated by then stay frozen (the statistics are still kept). An ablation.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is ``BasisRotationState``.
@@ -350,6 +372,9 @@ def scale_by_basis_rotation(
     raise ValueError(f"unknown orthonormalization {orthonormalization!r}; choose from "
                      f"{eb.ORTHONORMALIZATIONS}")
   _check_int_periods(refresh_every)
+  if freeze_after is not None and (isinstance(freeze_after, bool) or not isinstance(freeze_after, int)
+                                   or freeze_after < 1):
+    raise ValueError(f"freeze_after must be None or a Python int >= 1, got {freeze_after!r}")
   if isinstance(eps, (int, float)) and eps < 0:
     raise ValueError(f"eps must be >= 0, got {eps}")
   if isinstance(max_precond_dim, bool) or not isinstance(max_precond_dim, int) or max_precond_dim < 0:
@@ -382,7 +407,8 @@ def scale_by_basis_rotation(
     if source == "first" and otu.tree_get(inner_state, "mu") is None:
       raise ValueError("source='first' needs an inner transformation with a first moment named 'mu'")
 
-    given = _given_bases(bases, params, plan) if fixed else None
+    given = (_random_bases(bases, plan) if _is_key(bases) else _given_bases(bases, params, plan)
+             if fixed else None)
 
     def group(j, g):
       k, (m, n) = len(g.members), g.shape
@@ -468,6 +494,8 @@ def scale_by_basis_rotation(
     args = (g, group.left, group.right, sl, sr, mu, nu)
     keep = lambda a: (a[1], a[2], a[5], a[6], jax.vmap(_rotate_in)(a[0], a[1], a[2]))
     warm_now = (count > 1) & ((count - plan_g.offset) % plan_g.period == 0)
+    if freeze_after is not None:
+      warm_now = warm_now & (count <= freeze_after)
     branch = jnp.where(count == 1, 1, jnp.where(warm_now, 2, 0))
     ql, qr, mu, nu, g_rot = jax.lax.switch(
         branch, [keep, each(cold), each(warm)], args)
@@ -525,6 +553,7 @@ def basis_rotation(
     orthonormalization: str = "qr",
     batch_refresh: bool | None = None,
     bases: Any | None = None,
+    freeze_after: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW in a rotated eigenbasis: the paper's optimizer as an optax alias.
 
@@ -551,6 +580,8 @@ def basis_rotation(
     orthonormalization: ``"qr"`` or ``"cholesky_qr"``; see ``scale_by_basis_rotation``.
     batch_refresh: batch the refresh of same-shape matrices; see ``scale_by_basis_rotation``.
     bases: fixed bases instead of estimated ones; see ``scale_by_basis_rotation``.
+    freeze_after: last step with a warm refresh (``None``: every period); see
+      ``scale_by_basis_rotation``.
 
   Returns:
     The chained ``optax.GradientTransformationExtraArgs``.
@@ -561,7 +592,7 @@ def basis_rotation(
                               max_precond_dim=max_precond_dim, mask=mask,
                               first_order_step=first_order_step, stagger=stagger,
                               orthonormalization=orthonormalization, batch_refresh=batch_refresh,
-                              bases=bases),
+                              bases=bases, freeze_after=freeze_after),
       optax.add_decayed_weights(weight_decay, weight_decay_mask),
       optax.scale_by_learning_rate(learning_rate),
   )

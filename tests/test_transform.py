@@ -544,3 +544,42 @@ def test_fixed_bases_identity_is_adam_and_any_basis_is_adam_in_it():
   with pytest.raises(ValueError, match=r"parameter \[.w.\] of shape \(6, 5\) needs a right basis of "
                                        r"shape \(5, 5\), got \(6, 6\)"):
     rotation.scale_by_basis_rotation(bases={"w": (jnp.eye(6), jnp.eye(6)), "b": None}).init(params)
+
+
+def test_random_bases_from_a_key_are_orthogonal_fixed_and_reproducible():
+  params = {"w": jnp.zeros((6, 5)), "b": jnp.zeros(5)}
+  tx = rotation.scale_by_basis_rotation(bases=jax.random.key(3))
+  state = tx.init(params)
+  u, v = np.asarray(state.groups[0].left[0]), np.asarray(state.groups[0].right[0])
+  np.testing.assert_allclose(u.T @ u, np.eye(6), atol=1e-5)
+  np.testing.assert_allclose(v.T @ v, np.eye(5), atol=1e-5)
+  assert not np.allclose(np.abs(u), np.eye(6), atol=0.1)  # not a signed permutation of the axes
+  np.testing.assert_array_equal(u, np.asarray(tx.init(params).groups[0].left[0]))  # same key, same bases
+  other = np.asarray(rotation.scale_by_basis_rotation(bases=jax.random.key(4)).init(params).groups[0].left[0])
+  assert not np.allclose(u, other)
+  g = jnp.asarray(np.random.default_rng(0).normal(size=(6, 5)), jnp.float32)
+  _, after = tx.update({"w": g, "b": g[0]}, state)
+  np.testing.assert_array_equal(np.asarray(after.groups[0].left[0]), u)  # never refreshed
+
+
+def test_freeze_after_stops_the_refresh_and_changes_nothing_before():
+  rng = np.random.default_rng(5)
+  params = {"w": jnp.zeros((6, 5))}
+  grads = [{"w": jnp.asarray(rng.normal(size=(6, 5)), jnp.float32)} for _ in range(9)]
+
+  def bases(tx):
+    state, out = tx.init(params), []
+    for g in grads:
+      _, state = tx.update(g, state)
+      out.append(np.asarray(state.groups[0].left[0]))
+    return out
+
+  free = bases(rotation.scale_by_basis_rotation(refresh_every=2))
+  frozen = bases(rotation.scale_by_basis_rotation(refresh_every=2, freeze_after=4))
+  for t in range(4):  # steps 1-4: the same refreshes
+    np.testing.assert_array_equal(frozen[t], free[t])
+  for t in range(4, 9):  # no refresh after step 4, while the free run keeps refreshing
+    np.testing.assert_array_equal(frozen[t], frozen[3])
+  assert not np.allclose(free[8], free[3])
+  with pytest.raises(ValueError, match="freeze_after must be None or a Python int >= 1, got 0"):
+    rotation.scale_by_basis_rotation(freeze_after=0)
