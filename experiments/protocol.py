@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import pathlib
+import sys
 import time
 
 import numpy as np
@@ -194,10 +195,12 @@ def main(argv=None) -> pathlib.Path:
   record = {"preset": args.preset, "top": top, "seeds": args.seeds, "window": window,
             "plateau": args.plateau, "wall_seconds": wall, "code": runs.code_version(),
             "settings": {}, "learning_rates": {}}
+  command = " ".join(["python -m experiments.protocol"] + (sys.argv[1:] if argv is None else list(argv)))
   summaries = {label: summarize(rs, top, window, args.plateau) for label, rs in by_setting.items()}
+  record["command"] = command
   record["settings"] = {label: {"overrides": study[label], "summary": s} for label, s in summaries.items()}
   lines = [f"# Protocol study (preset `{args.preset}`, P = 1 and P = {top}, seeds {args.seeds})", "",
-           f"Command: `python -m experiments.protocol {' '.join(argv) if argv else ''}`".rstrip() + "  ",
+           f"Command: `{command}`  ",
            f"Code: {record['code']}; {wall:.0f} s wall (cached runs take no time).", "",
            "Slowdown: common-target slowdown from P = 1 to P = top (median over the loss levels every "
            "run of the seed reaches of t_P / t_1). Staleness gain: rotation's advantage over the best "
