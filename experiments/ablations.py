@@ -47,6 +47,17 @@ ABLATIONS = {
         "The mechanism predicts slowdowns ordered random > coordinate > frozen >= refreshed.",
         lambda make, top: [make(m, p) for m in BASES for p in (1, top)],
         functools.partial(report.study_section, with_main_baselines=True, bars=True)),
+    "rotation-lr": Ablation(
+        "Rotation with PipeDream-LR's per-stage rate correction, at P = 1 and the largest P (the "
+        "paper's appendix), beside rotation and the baselines.",
+        lambda make, top: [make(m, p) for m in ("rotation", "rotation-lr") for p in (1, top)],
+        functools.partial(report.study_section, with_main_baselines=True, fewer=True)),
+    "nesterov-stage": Ablation(
+        "Without weight stashing: Nesterov with per-stage momentum (b1 from 0.9 at the last stage up "
+        "to about 0.99 at the first) against Nesterov's one b1 = 0.99, beside PipeDream.",
+        lambda make, top: [make(m, p, mode="no_stashing") for m in ("pipedream", "nesterov", "nesterov-stage")
+                           for p in (1, top)],
+        functools.partial(report.study_section, fewer=False)),
     "moe": Ablation(
         "The mixture-of-experts model (cpu-moe) at P = 1 and 8.",
         lambda make, top: [make(m, p, model="cpu-moe") for m in BASELINES + ("rotation",) for p in (1, 8)],

@@ -25,6 +25,8 @@ class Method:
     bases: ``estimated`` (the paper's) or ``random`` (Adam in fixed Haar-random orthogonal bases,
       drawn per stage from the run's seed): an ablation of the mechanism.
     freeze_after: last step with a basis refresh (``None``: all run long): a frozen eigenbasis.
+    stage_lr: rotation with PipeDream-LR's (PipeMare's) per-stage learning-rate correction.
+    stage_b1: Nesterov with per-stage momentum ``b1_k = 0.9 + tau_k (0.99 - 0.9) / P``.
   """
 
   kind: str
@@ -35,6 +37,8 @@ class Method:
   first_order_step: str = "paper"
   bases: str = "estimated"
   freeze_after: int | None = None
+  stage_lr: bool = False
+  stage_b1: bool = False
 
 
 METHODS = {
@@ -54,6 +58,10 @@ METHODS = {
     # estimated over the first 100 steps (10 refreshes) and then frozen.
     "rotation-random": Method("rotation", bases="random"),
     "rotation-frozen": Method("rotation", freeze_after=100),
+    # The paper's appendix comparisons: rotation with the stage-wise rate correction, and Nesterov
+    # with more momentum on the more delayed stages (meant for the no-stashing case).
+    "rotation-lr": Method("rotation", stage_lr=True),
+    "nesterov-stage": Method("nadam", stage_b1=True),
 }
 
 
@@ -92,15 +100,17 @@ def stage_optimizers(config) -> list[optax.GradientTransformation]:
   b2 = config.b2
 
   def make(k):
+    transition = max(1, int(config.pipemare_fraction * config.steps))
     if method.kind == "adamw":
       return ps.pipedream(lr, b2=b2, weight_decay=wd)
     if method.kind == "pipemare":
-      return ps.pipedream_lr(lr, delays[k], max(1, int(config.pipemare_fraction * config.steps)),
-                             b2=b2, weight_decay=wd)
+      return ps.pipedream_lr(lr, delays[k], transition, b2=b2, weight_decay=wd)
     if method.kind == "nadam":
-      return ps.nesterov(lr, b2=b2, weight_decay=wd)
+      b1 = ps.nesterov_stage_b1(0.9, delays[k], num_stages) if method.stage_b1 else 0.99
+      return ps.nesterov(lr, b1=b1, b2=b2, weight_decay=wd)
     bases = (jax.random.fold_in(jax.random.key(config.seed), k) if method.bases == "random" else None)
-    return rotation.basis_rotation(lr, b2=b2, weight_decay=wd, source=method.source,
+    rate = ps.pipemare_lr_schedule(lr, delays[k], transition) if method.stage_lr else lr
+    return rotation.basis_rotation(rate, b2=b2, weight_decay=wd, source=method.source,
                                    geometry=method.geometry, refresh_every=periods[k],
                                    first_order_step=method.first_order_step,
                                    mask=model_lib.rotation_mask, bases=bases,

@@ -1,0 +1,52 @@
+"""Every method's per-stage optimizers (experiments/methods.py), checked by their behaviour."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import methods
+from experiments.runs import RunConfig
+
+P = 4
+
+
+def _first_update(method, k, **kw):
+  config = RunConfig(method=method, stages=P, steps=100, lr=1e-2, warmup_steps=0, **kw)
+  opt = methods.stage_optimizers(config)[k]
+  params = {"mlp": {"kernel": jnp.zeros((4, 3))}, "b": jnp.zeros(3)}
+  grads = {"mlp": {"kernel": jnp.full((4, 3), 0.01).at[0, 0].set(0.02)}, "b": jnp.full(3, 0.01)}
+  state = opt.init(params)
+  updates, state = opt.update(grads, state, params)
+  return updates, state
+
+
+def test_rotation_lr_scales_each_stage_by_pipemare():
+  # At step 1 PipeMare's rate is lr / tau_k (tau_k >= 1): stage 0 (tau 3) moves 1/3 of stage 3 (tau 0).
+  u0, _ = _first_update("rotation-lr", 0)
+  u3, _ = _first_update("rotation-lr", P - 1)
+  plain, _ = _first_update("rotation", 0)
+  np.testing.assert_allclose(np.asarray(u0["b"]) * 3, np.asarray(u3["b"]), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(u3["b"]), np.asarray(plain["b"]), rtol=1e-6)
+
+
+def test_nesterov_stage_momentum_grows_with_the_delay():
+  def b1(k):  # after one step from zero the first moment is (1 - b1) g
+    _, state = _first_update("nesterov-stage", k)
+    mu = [x for x in jax.tree.leaves(state) if getattr(x, "shape", None) == (3,)][0]
+    return 1 - float(mu[0]) / 0.01
+  expected = [0.9 + (P - 1 - k) * (0.99 - 0.9) / P for k in range(P)]
+  np.testing.assert_allclose([b1(k) for k in range(P)], expected, rtol=1e-4)
+
+
+def test_random_bases_differ_by_stage_and_seed_and_freeze_is_set():
+  def left(k, seed):
+    _, state = _first_update("rotation-random", k, seed=seed)
+    groups = [x for x in jax.tree.leaves(state, is_leaf=lambda x: hasattr(x, "left")) if hasattr(x, "left")]
+    return np.asarray(groups[0].left[0])
+  a, b, c = left(0, 0), left(1, 0), left(0, 1)
+  np.testing.assert_allclose(a.T @ a, np.eye(4), atol=1e-5)
+  assert not np.allclose(a, b) and not np.allclose(a, c)
+  np.testing.assert_array_equal(a, left(0, 0))
+  assert dataclasses.asdict(methods.check_method("rotation-frozen"))["freeze_after"] == 100
