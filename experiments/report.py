@@ -252,6 +252,33 @@ def scaling_section(ctx: Context, name: str, results) -> list:
   return lines
 
 
+def diagnostics_section(results) -> list:
+  """Update diagnostics of the runs that logged them (``RunConfig.diagnose_every``): per method and
+  P, per stage (delay tau_k), the mean over the logged windows and seeds of the cosine between the
+  stale and the fresh update and of the sign-flip rate along the top eigenvectors."""
+  logged = [r for r in results if r.get("diagnostics")]
+  if not logged:
+    return []
+  by = collections.defaultdict(list)
+  for r in logged:
+    c = r["config"]
+    by[(c["method"], c["stages"], c["mode"])] += r["diagnostics"]
+  lines = ["## Update diagnostics", "",
+           "Per stage (its delay tau_k): cosine between the update it applies (stale gradient) and the "
+           "one it would apply with a fresh gradient from the same state; sign-flip rate of consecutive "
+           "updates along the top eigenvectors of the window's gradient statistics (oscillation). Means "
+           "over the logged windows and seeds.", "",
+           "| method | P | mode | cosine by tau_k (stage 0 first) | flip rate by tau_k |",
+           "|---|---|---|---|---|"]
+  for (m, p, mode), entries in sorted(by.items()):
+    cos = np.nanmean([e["cosine"] for e in entries], axis=0)
+    flips = np.nanmean([e["flip_rate"] for e in entries], axis=0)
+    taus = [p - 1 - k for k in range(p)]
+    lines.append(f"| {m} | {p} | {mode} | " + ", ".join(f"{t}: {x:.3f}" for t, x in zip(taus, cos))
+                 + " | " + ", ".join(f"{t}: {x:.2f}" for t, x in zip(taus, flips)) + " |")
+  return lines + [""]
+
+
 def _at(rows, method, p):
   return next((r for r in rows if r["method"] == method and r["stages"] == p), None)
 
@@ -483,6 +510,7 @@ def write(out: pathlib.Path, preset, main_results, ablation_results, registry, d
     section, tables = main_section(ctx, main_results)
     rows = metrics.aggregate(tables)
     lines += section
+  lines += diagnostics_section(everything)
   groups = collections.defaultdict(list)
   for a, r in ablation_results:
     groups[a].append(r)

@@ -84,6 +84,11 @@ class RunConfig:
     eval_batches: validation micro-batches per evaluation.
     checkpoint_every: steps between checkpoints (a multiple of ``chunk``).
     tag: free label, part of the name (for example ``tune``).
+    diagnose_every: every this many steps (a multiple of ``chunk``; ``None``: never), log update
+      diagnostics (``pipeline_sim.Pipeline.diagnose``: per stage, the cosine of the stale and the
+      fresh update, and the sign-flip rate along the top eigenvectors) over the next
+      ``diagnose_steps`` micro-batches as trial steps; the run's own numbers do not change.
+    diagnose_steps: length of each diagnostic window.
   """
 
   method: str = "pipedream"
@@ -114,6 +119,8 @@ class RunConfig:
   eval_batches: int = 4
   checkpoint_every: int = 250
   tag: str = ""
+  diagnose_every: int | None = None
+  diagnose_steps: int = 16
 
   @property
   def name(self) -> str:
@@ -125,6 +132,7 @@ class RunConfig:
     blocks += "-fsdp" if self.fsdp else ""
     blocks += f"-wu{self.warmup_steps}" if self.warmup_steps is not None else ""
     blocks += f"-b2_{self.b2:g}" if self.b2 != 0.999 else ""
+    blocks += f"-diag{self.diagnose_every}" if self.diagnose_every else ""
     tag = f"_{self.tag}" if self.tag else ""
     return (f"{self.model}{blocks}_{self.mode}_{self.method}_P{self.stages}_lr{self.lr:g}"
             f"_n{self.steps}_s{self.seed}{tag}")
@@ -167,12 +175,20 @@ class RunConfig:
       raise ValueError(f"b2 must be in (0, 1), got {self.b2}")
     if self.refresh_every is not None and self.refresh_every < 1:
       raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
+    if self.diagnose_every is not None:
+      if self.diagnose_every < 1 or self.diagnose_every % self.chunk:
+        raise ValueError(f"diagnose_every={self.diagnose_every} must be a positive multiple of "
+                         f"chunk={self.chunk}")
+      if self.execution != "emulated" or self.mode == "stale_gradients" or self.diagnose_steps < 2:
+        raise ValueError("update diagnostics need the emulated pipeline, mode weight_stashing or "
+                         f"no_stashing and diagnose_steps >= 2 (got {self.execution}, {self.mode}, "
+                         f"{self.diagnose_steps})")
 
 
 # Options added after runs were recorded, left out of the identity while at the value that means
 # "not used", so that adding an option never invalidates finished runs that do not use it.
 OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False, "warmup_steps": None,
-                   "b2": 0.999}
+                   "b2": 0.999, "diagnose_every": None, "diagnose_steps": 16}
 
 
 def device_count(config: RunConfig) -> int:
@@ -489,15 +505,19 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
   step, status = 0, "finished"
   timing = {"seconds": 0.0, "steady_seconds": 0.0, "steady_steps": 0, "compile_seconds": None}
   log = run_dir / "metrics.jsonl"
+  diag_log = run_dir / "diagnostics.jsonl"
   if restored is None:
     val_losses[0] = float(evaluate(_params(pipe, state)))
     if is_primary():
       log.write_text("")
+      if config.diagnose_every:
+        diag_log.write_text("")
   else:
     step, state, losses, val_losses = restored
     losses, val_losses = losses.copy(), val_losses.copy()
     timing.update(_read_json(run_dir / "timing.json") or {})
     _truncate_log(log, step - _lag(pipe))
+    _truncate_log(diag_log, step - 1)  # the window at ``step`` is logged again
   note = {} if restored is None else {"resumed at": step}
   if progress is not None:
     progress.reset(total=config.steps)
@@ -519,6 +539,13 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
     return bool(np.all(np.isfinite(chunk_losses)))
 
   while step < config.steps:
+    if config.diagnose_every and step and step % config.diagnose_every == 0:
+      trial = ds.batches(config.seed, step, config.diagnose_steps, config.batch_size, context)
+      found = pipe.diagnose(state, ps.shard_batches(trial, mesh))
+      if is_primary():
+        with open(diag_log, "a") as f:
+          f.write(json.dumps({"step": step, "cosine": found["cosine"].mean(axis=0).tolist(),
+                              "flip_rate": found["flip_rate"].tolist()}) + "\n")
     batches = ds.batches(config.seed, step, config.chunk, config.batch_size, context)
     if not on_devices:
       batches = ps.shard_batches(batches, mesh)
@@ -572,6 +599,8 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
                "vocab_size": ds.vocab_size},
       "versions": versions(), "devices": mesh.size,
   }
+  if config.diagnose_every:
+    result["diagnostics"] = [json.loads(line) for line in diag_log.read_text().splitlines()]
   write_json(run_dir / "result.json", result)
   return result
 

@@ -84,6 +84,11 @@ def parse_args(argv=None):
   parser.add_argument("--dry-run", action="store_true", help="print the plan (every run, cached or "
                       "not) with each unfinished run's compiled FLOPs per step, memory and estimated "
                       "time from one timed chunk; trains nothing")
+  parser.add_argument("--diagnose-every", type=int, help="log update diagnostics every N steps (a "
+                      "multiple of the chunk; opt-in, emulated weight_stashing/no_stashing runs): per "
+                      "stage, the cosine of stale and fresh updates and the sign-flip rate along the top "
+                      "eigenvectors, over --diagnose-steps trial steps (the run's numbers do not change)")
+  parser.add_argument("--diagnose-steps", type=int, help="length of each diagnostic window (default 16)")
   parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own "
                       "process (default 1). One run keeps about one core busy, so on 2 cores --jobs 2 "
                       "finishes a sweep about 1.6x sooner; each run's measured seconds per step (the "
@@ -173,6 +178,10 @@ def make_preset(args) -> presets_lib.Preset:
     raise ValueError(f"--warmup-delays must be >= 0, got {args.warmup_delays}")
   if args.b2 is not None:
     over["b2"] = args.b2
+  if args.diagnose_every is not None:
+    over["diagnose_every"] = args.diagnose_every
+  if args.diagnose_steps is not None:
+    over["diagnose_steps"] = args.diagnose_steps
   return dataclasses.replace(preset, template=dataclasses.replace(t, **over),
                              learning_rates=_learning_rates(preset, args.lr))
 

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from pipeline_sim import buffers as rb
@@ -98,6 +99,7 @@ class Pipeline:
     self.loss_fn, self.labels, self.num_stages = loss_fn, labels, num_stages
     self.mode, self.staged, self.grad_norms = mode, staged, grad_norms
     self.run = jax.jit(self._run, donate_argnums=0)
+    self._diagnose = jax.jit(self._diagnose_impl)
 
   def _split(self, tree):
     return split_stages(tree, self.labels, self.num_stages)
@@ -122,6 +124,71 @@ class Pipeline:
     updates, opt_state = self.optimizers[k].update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
+  def _stale_gradients(self, state: PipelineState, batch):
+    """(loss, per-stage gradients) of the step's micro-batch as the pipeline computes them: at the
+    stashed weights (weight stashing), or stale forward and current backward (no stashing)."""
+    slots = [(state.step + 1) % (tau + 1) for tau in self.delays]
+    stale_parts = [rb.ring_read(b, s) for b, s in zip(state.buffers, slots)]
+    if self.mode == "weight_stashing":
+      loss, grads = jax.value_and_grad(self.loss_fn)(merge_stages(stale_parts, self.labels), batch)
+      return loss, self._split(grads)
+    return no_stashing_value_and_grad(self.staged, stale_parts, self._split(state.params), batch)
+
+  def _updates(self, grad_parts, state: PipelineState):
+    """Per-stage updates the optimizers would apply for ``grad_parts`` from ``state`` (discarded)."""
+    parts = self._split(state.params)
+    if self.merged:
+      u, _ = self.optimizers[0].update(merge_stages(grad_parts, self.labels), state.opt_states[0],
+                                       state.params)
+      return self._split(u)
+    return [self.optimizers[k].update(g, state.opt_states[k], parts[k])[0] for k, g in enumerate(grad_parts)]
+
+  def diagnose(self, state: PipelineState, batches) -> dict:
+    """Update-direction diagnostics over ``len(batches)`` trial steps from ``state`` (which is not
+    consumed; the trial steps are discarded). Modes ``weight_stashing`` and ``no_stashing``.
+
+    Returns (NumPy):
+      ``cosine`` (steps, P): per stage, the cosine between the update it applies (from the stale
+        gradient) and the update it would apply with a fresh gradient at the current weights, from
+        the same optimizer state (1 at P = 1; below 1 for every stage of a deeper pipeline, the last
+        one too, whose input comes from the earlier stages' stale weights);
+      ``flip_rate`` (P,): per stage, the fraction of consecutive steps whose applied update changes
+        sign along the top eigenvectors of its matrices' gradient statistics ``L = sum_t G G^T``,
+        ``R = sum_t G^T G`` over the window (``u1^T dW v1``; the mean over the stage's 2-D leaves;
+        NaN for a stage without one): oscillation along the sharpest direction.
+    """
+    if self.mode == "stale_gradients":
+      raise ValueError("diagnose supports modes 'weight_stashing' and 'no_stashing'")
+    out = self._diagnose(state, batches)
+    return {k: np.asarray(v) for k, v in out.items()}
+
+  def _diagnose_impl(self, state: PipelineState, batches):
+    def cosine(a, b):
+      a, b = jnp.concatenate([x.ravel() for x in jax.tree.leaves(a)]), jnp.concatenate(
+          [x.ravel() for x in jax.tree.leaves(b)])
+      return jnp.vdot(a, b) / jnp.maximum(jnp.linalg.norm(a) * jnp.linalg.norm(b), 1e-30)
+
+    def one(st, batch):
+      _, stale = self._stale_gradients(st, batch)
+      fresh = self._split(jax.grad(self.loss_fn)(st.params, batch))
+      cos = jnp.stack([cosine(a, b) for a, b in zip(self._updates(stale, st), self._updates(fresh, st))])
+      new, _ = self.step(st, batch)
+      delta = jax.tree.map(jnp.subtract, new.params, st.params)
+      return new, (cos, [x for x in jax.tree.leaves(delta) if x.ndim == 2],
+                   [x for x in jax.tree.leaves(merge_stages(fresh, self.labels)) if x.ndim == 2])
+
+    _, (cos, deltas, grads) = jax.lax.scan(one, state, batches)
+    stage_of = [k for k, x in zip(jax.tree.leaves(self.labels), jax.tree.leaves(state.params)) if x.ndim == 2]
+    flips = []
+    for d, g in zip(deltas, grads):  # (steps, m, n) each
+      _, u = jnp.linalg.eigh(jnp.einsum("tij,tkj->ik", g, g))
+      _, v = jnp.linalg.eigh(jnp.einsum("tji,tjk->ik", g, g))
+      c = jnp.einsum("i,tij,j->t", u[:, -1], d, v[:, -1])
+      flips.append(jnp.mean(jnp.sign(c[1:]) != jnp.sign(c[:-1])))
+    rate = jnp.stack([jnp.mean(jnp.stack([f for f, k in zip(flips, stage_of) if k == s]))
+                      if s in stage_of else jnp.nan for s in range(self.num_stages)])
+    return {"cosine": cos, "flip_rate": rate}
+
   def step(self, state: PipelineState, batch):
     """One micro-batch: returns the new state and the loss the pipeline observed (with
     ``grad_norms``: ``(loss, global gradient norm)``)."""
@@ -142,12 +209,7 @@ class Pipeline:
           p, s = jax.lax.cond(i >= tau, update, lambda p, s: (p, s), parts[k], state.opt_states[k])
         new_parts.append(p), new_opt.append(s), new_buffers.append(fifo)
     else:
-      stale_parts = [rb.ring_read(b, s) for b, s in zip(state.buffers, slots)]
-      if self.mode == "weight_stashing":
-        loss, grads = jax.value_and_grad(self.loss_fn)(merge_stages(stale_parts, self.labels), batch)
-        grad_parts = self._split(grads)
-      else:
-        loss, grad_parts = no_stashing_value_and_grad(self.staged, stale_parts, parts, batch)
+      loss, grad_parts = self._stale_gradients(state, batch)
       if self.merged:
         params, s = self._apply(0, merge_stages(grad_parts, self.labels), state.params,
                                 state.opt_states[0])

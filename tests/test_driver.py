@@ -282,3 +282,60 @@ def test_bad_input():
   with pytest.raises(ValueError, match=r"stage\(s\) \[0\] of 2 have no parameters"):
     pipe.init(params)
   assert ps.Pipeline(loss_fn, optax.sgd(1.0), {"w": [0, 5]}).num_stages == 6
+
+
+def test_update_diagnostics_against_a_replay_of_the_weight_history():
+  # Three tanh layers with 4 x 4 matrices, SGD (update = -lr * gradient): the cosine of a stage's
+  # stale and fresh updates is that of its gradient at the stashed weights W_k(i - tau_k) and at the
+  # current ones, recomputed here from the recorded weight history; the flip rate from the applied
+  # updates and fresh gradients with NumPy's eigh.
+  rng = np.random.default_rng(3)
+  num_stages, width, warm, window = 3, 4, 5, 6
+  params = {"w": [jnp.asarray(rng.normal(size=(width, width)) * 0.8, jnp.float32) for _ in range(num_stages)]}
+  labels = {"w": list(range(num_stages))}
+
+  def loss_fn(p, batch):
+    h = batch[0]
+    for w in p["w"]:
+      h = jnp.tanh(h @ w)
+    return jnp.mean((h - batch[1]) ** 2)
+
+  n = warm + window
+  xs = jnp.asarray(rng.normal(size=(n, 8, width)), jnp.float32)
+  ys = jnp.asarray(rng.normal(size=(n, 8, width)), jnp.float32)
+  pipe = ps.Pipeline(loss_fn, optax.sgd(0.3), labels)
+  state = pipe.init(params)
+  history = [jax.tree.map(np.asarray, params)]
+  for i in range(warm):
+    state, _ = pipe.run(state, (xs[i:i + 1], ys[i:i + 1]))
+    history.append(jax.tree.map(np.asarray, state.params))
+  got = pipe.diagnose(state, (xs[warm:], ys[warm:]))
+  for i in range(warm, n):  # the trial steps, replayed
+    state, _ = pipe.run(state, (xs[i:i + 1], ys[i:i + 1]))
+    history.append(jax.tree.map(np.asarray, state.params))
+  tau = ps.stage_delays(num_stages)
+  grad = jax.grad(loss_fn)
+  cos, deltas, fresh = [], [], []
+  for i in range(warm, n):
+    stale_w = {"w": [history[max(0, i - tau[k])]["w"][k] for k in range(num_stages)]}
+    g_stale, g_fresh = grad(stale_w, (xs[i], ys[i])), grad(history[i], (xs[i], ys[i]))
+    cos.append([float(np.dot(np.ravel(g_stale["w"][k]), np.ravel(g_fresh["w"][k]))
+                      / np.linalg.norm(g_stale["w"][k]) / np.linalg.norm(g_fresh["w"][k]))
+                for k in range(num_stages)])
+    deltas.append([history[i + 1]["w"][k] - history[i]["w"][k] for k in range(num_stages)])
+    fresh.append([np.asarray(g_fresh["w"][k], np.float64) for k in range(num_stages)])
+  np.testing.assert_allclose(got["cosine"], np.array(cos), atol=1e-5)
+  assert np.min(got["cosine"]) < 0.99  # staleness turns the updates (the last stage's too: its
+  # input comes from the earlier stages' stashed weights)
+  for k in range(num_stages):
+    g = np.stack([f[k] for f in fresh])
+    d = np.stack([x[k] for x in deltas])
+    u = np.linalg.eigh(np.einsum("tij,tkj->ik", g, g))[1][:, -1]
+    v = np.linalg.eigh(np.einsum("tji,tjk->ik", g, g))[1][:, -1]
+    c = np.einsum("i,tij,j->t", u, d, v)
+    assert got["flip_rate"][k] == pytest.approx(np.mean(np.sign(c[1:]) != np.sign(c[:-1]))), k
+  synchronous = ps.Pipeline(lambda p, b: loss_fn(p, b), optax.adam(0.1), {"w": [0] * num_stages})
+  one = synchronous.diagnose(synchronous.init(params), (xs[:3], ys[:3]))
+  np.testing.assert_allclose(one["cosine"], 1.0, atol=1e-6)  # no delay: stale = fresh
+  with pytest.raises(ValueError, match="diagnose supports modes"):
+    ps.Pipeline(loss_fn, optax.sgd(0.1), labels, "stale_gradients").diagnose(state, (xs[:2], ys[:2]))

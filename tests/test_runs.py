@@ -81,6 +81,19 @@ def test_metrics_are_written_while_training(trained):
   assert (run_dir / "identity.json").exists()
 
 
+def test_update_diagnostics_are_opt_in_and_change_no_number(tmp_path, corpus, trained):
+  _, plain = trained
+  config = dataclasses.replace(CONFIG, diagnose_every=10, diagnose_steps=4)
+  assert "-diag10" in config.name and runs.run_name(config, "x", 256) != runs.run_name(CONFIG, "x", 256)
+  result = runs.train(config, corpus, tmp_path / "diag")
+  assert result["losses"] == plain["losses"] and result["val_losses"] == plain["val_losses"]
+  assert [d["step"] for d in result["diagnostics"]] == [10, 20]  # not at step 0
+  for d in result["diagnostics"]:
+    assert len(d["cosine"]) == len(d["flip_rate"]) == 2 and all(-1 <= c <= 1 for c in d["cosine"])
+  with pytest.raises(ValueError, match="diagnose_every=15 must be a positive multiple of chunk=10"):
+    dataclasses.replace(CONFIG, diagnose_every=15).validate()
+
+
 def test_bfloat16_activations_train_with_float32_state(tmp_path, corpus, trained):
   config = dataclasses.replace(CONFIG, dtype="bfloat16")
   result = runs.train(config, corpus, tmp_path / "bf16")
