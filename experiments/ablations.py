@@ -58,6 +58,13 @@ ABLATIONS = {
         lambda make, top: [make(m, p, mode="no_stashing") for m in ("pipedream", "nesterov", "nesterov-stage")
                            for p in (1, top)],
         functools.partial(report.study_section, fewer=False)),
+    "width": Ablation(
+        "Widths 32, 64 and 128 at the preset's depth, P = 1 and the largest P, for Nesterov and "
+        "rotation: does rotation's robustness grow with size (the paper: 71.6% -> 76.8% -> 81.7% fewer "
+        "iterations from 95M to 1B to 3B)?",
+        lambda make, top: [make(m, p, width=w) for w in (32, 64, 128) for m in ("nesterov", "rotation")
+                           for p in (1, top)],
+        report.width_section),
     "moe": Ablation(
         "The mixture-of-experts model (cpu-moe) at P = 1 and 8.",
         lambda make, top: [make(m, p, model="cpu-moe") for m in BASELINES + ("rotation",) for p in (1, 8)],

@@ -15,6 +15,7 @@ import pathlib
 import numpy as np
 
 from experiments import metrics, plots
+from experiments import model as model_lib
 from experiments.methods import ALLOCATIONS, BASELINES, VARIANTS
 
 
@@ -250,6 +251,31 @@ def scaling_section(ctx: Context, name: str, results) -> list:
                     "blocks = P scaling")
   ctx.figures.append(f"ablation_{name}_loss.png")
   return lines
+
+
+def width_section(ctx: Context, name: str, results) -> list:
+  """Per model width: common-target slowdown of each method from P = 1 to the largest P, rotation's
+  advantage over the best baseline at both, its staleness gain and the final losses."""
+  width_of = lambda r: r["config"].get("width") or model_lib.CONFIGS[r["config"]["model"]].width
+  widths = sorted({width_of(r) for r in results})
+  methods = sorted({r["config"]["method"] for r in results}, key=lambda m: (m not in BASELINES, m))
+  baselines = tuple(m for m in BASELINES if m in methods)
+  top = max(r["config"]["stages"] for r in results)
+  lines = ["| width | " + " | ".join(f"{m} slowdown" for m in methods)
+           + " | rotation advantage P=1 / P=top | rotation staleness gain | "
+           + " | ".join(f"{m} final at P={top}" for m in methods) + " |",
+           "|---|" + "---|" * (2 * len(methods) + 2)]
+  for w in widths:
+    rows = study_rows(curves_by([r for r in results if width_of(r) == w]), ctx.window, baselines)
+    at = lambda m, p: next((r for r in rows if r["method"] == m and r["stages"] == p), None)
+    rot1, rot = at("rotation", 1), at("rotation", top)
+    lines.append(
+        f"| {w} | " + " | ".join(cell(at(m, top), "slowdown_common") if at(m, top) else "" for m in methods)
+        + f" | {cell(rot1, 'advantage') if rot1 else ''} / {cell(rot, 'advantage') if rot else ''}"
+        + f" | {cell(rot, 'staleness_gain') if rot else ''} | "
+        + " | ".join(cell(at(m, top), "final", "{:.4f}", "diverged") if at(m, top) else "" for m in methods)
+        + " |")
+  return lines + [""]
 
 
 def diagnostics_section(results) -> list:

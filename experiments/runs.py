@@ -57,6 +57,8 @@ class RunConfig:
     model: key of ``experiments.model.CONFIGS``.
     num_blocks: overrides the named model's block count (model-size scaling); ``None`` keeps it.
     context: overrides the named model's context length; ``None`` keeps it.
+    width: overrides the named model's width, with heads of the named model's head size
+      (width-scaling studies); ``None`` keeps it.
     steps: optimizer steps (= micro-batches) of the run.
     batch_size: micro-batch size (sequences).
     lr: peak learning rate.
@@ -99,6 +101,7 @@ class RunConfig:
   model: str = "cpu-deep"
   num_blocks: int | None = None
   context: int | None = None
+  width: int | None = None
   steps: int = 1200
   batch_size: int = 16
   lr: float = 3e-3
@@ -127,6 +130,7 @@ class RunConfig:
     """A readable name (not unique: ``run_name`` adds the identity hash)."""
     blocks = f"-B{self.num_blocks}" if self.num_blocks else ""
     blocks += f"-C{self.context}" if self.context else ""
+    blocks += f"-W{self.width}" if self.width not in (None, model_lib.CONFIGS[self.model].width) else ""
     blocks += "-bf16" if self.dtype == "bfloat16" else ""
     blocks += "-devices" if self.execution == "devices" else ""
     blocks += "-fsdp" if self.fsdp else ""
@@ -139,8 +143,10 @@ class RunConfig:
 
   def model_config(self, vocab_size: int) -> model_lib.ModelConfig:
     cfg = model_lib.CONFIGS[self.model]
+    width = self.width or cfg.width
     return dataclasses.replace(cfg, vocab_size=vocab_size, num_blocks=self.num_blocks or cfg.num_blocks,
-                               context=self.context or cfg.context)
+                               context=self.context or cfg.context, width=width,
+                               num_heads=max(1, width // (cfg.width // cfg.num_heads)))
 
   def validate(self) -> None:
     """Every check that can fail before training starts."""
@@ -167,6 +173,9 @@ class RunConfig:
     if not 0 <= self.warmup_fraction < 1 or not 0 < self.pipemare_fraction <= 1:
       raise ValueError(f"need 0 <= warmup_fraction < 1 and 0 < pipemare_fraction <= 1, got "
                        f"{self.warmup_fraction}, {self.pipemare_fraction}")
+    head = model_lib.CONFIGS[self.model].width // model_lib.CONFIGS[self.model].num_heads
+    if self.width is not None and (self.width < head or self.width % head):
+      raise ValueError(f"width {self.width} must be a positive multiple of the model's head size {head}")
     if self.dtype not in model_lib.DTYPES:
       raise ValueError(f"unknown dtype {self.dtype!r}; choose from {model_lib.DTYPES}")
     if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
@@ -188,7 +197,7 @@ class RunConfig:
 # Options added after runs were recorded, left out of the identity while at the value that means
 # "not used", so that adding an option never invalidates finished runs that do not use it.
 OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False, "warmup_steps": None,
-                   "b2": 0.999, "diagnose_every": None, "diagnose_steps": 16}
+                   "b2": 0.999, "diagnose_every": None, "diagnose_steps": 16, "width": None}
 
 
 def device_count(config: RunConfig) -> int:
@@ -207,6 +216,8 @@ def identity(config: RunConfig, data_sha256: str, vocab_size: int, devices: int 
   run is reused and records the code that made it (``result.json``), and a checkpoint written by
   other code is never resumed (``train`` restarts the run, with a warning).
   """
+  if config.width == model_lib.CONFIGS[config.model].width:  # the model's own width: the same run
+    config = dataclasses.replace(config, width=None)
   fields = {k: v for k, v in dataclasses.asdict(config).items()
             if not (k in OPTIONAL_FIELDS and v == OPTIONAL_FIELDS[k])}
   out = {"config": fields, "data_sha256": data_sha256, "vocab_size": vocab_size}

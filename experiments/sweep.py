@@ -53,6 +53,10 @@ def parse_args(argv=None):
   parser.add_argument("--batch-size", type=int, help="micro-batch size (default: the preset's)")
   parser.add_argument("--model", help=f"model config, one of {sorted(model_lib.CONFIGS)} "
                       "(default: the preset's)")
+  parser.add_argument("--blocks", type=int, help="Transformer blocks (default: the model's; a "
+                      "multiple of every P)")
+  parser.add_argument("--width", type=int, help="model width (default: the model's), with heads of the "
+                      "model's head size")
   parser.add_argument("--refresh-every", type=int, help="basis refresh period of rotation methods "
                       "(default: each method's own, 10)")
   parser.add_argument("--warmup", type=float, help="warm-up fraction of training (default: the "
@@ -154,6 +158,12 @@ def make_preset(args) -> presets_lib.Preset:
     if args.model not in model_lib.CONFIGS:
       raise ValueError(f"--model {args.model!r} is unknown; choose from {sorted(model_lib.CONFIGS)}")
     over["model"] = args.model
+  for flag, field in (("blocks", "num_blocks"), ("width", "width")):
+    value = getattr(args, flag)
+    if value is not None:
+      if value < 1:
+        raise ValueError(f"--{flag} must be >= 1, got {value}")
+      over[field] = value
   if args.refresh_every is not None:
     if args.refresh_every < 1:
       raise ValueError(f"--refresh-every must be >= 1, got {args.refresh_every}")

@@ -1,5 +1,7 @@
 """The claims table of the report (experiments/report.py) on synthetic curves with known verdicts."""
 
+import pathlib
+
 import numpy as np
 
 from experiments import report
@@ -80,3 +82,22 @@ def test_slowdown_claim_counts_a_diverged_baseline_as_slowest(tmp_path):
       "**not reproduced** (rotation diverged or never reached its own loss)")
   assert got["rotation needs fewer iterations than the best baseline at P = 4"] == (
       "**not reproduced** (rotation diverged or did not finish)")
+
+
+def test_width_section_reports_each_widths_slowdowns():
+  def curve(stretch, n=600):  # every level reached ``stretch`` times later
+    t = np.arange(1, n + 1) / stretch
+    return list(2.0 + 3.0 * np.exp(-t / 100) + 0.5 / (1 + t / 30))
+  results = []
+  for width, slowdown in ((None, 4.0), (64, 2.0)):  # None: cpu-deep's own width, 32
+    for method, speed in (("nesterov", 1.0), ("rotation", 1.5)):
+      for p in (1, 8):
+        stretch = (slowdown if p == 8 else 1.0) / speed
+        results.append({"config": {"method": method, "stages": p, "seed": 0, "width": width,
+                                   "model": "cpu-deep"}, "losses": curve(stretch), "status": "finished"})
+  ctx = report.Context(pathlib.Path("."), 30, [], [])
+  rows = [line.split(" | ") for line in report.width_section(ctx, "width", results)[2:4]]
+  assert [r[0] for r in rows] == ["| 32", "| 64"]
+  for r, slowdown in zip(rows, (4.0, 2.0)):
+    assert abs(float(r[1]) / slowdown - 1) < 0.05 and abs(float(r[2]) / slowdown - 1) < 0.05, r
+    assert r[3].startswith("1.4") or r[3].startswith("1.5"), r  # rotation 1.5x ahead at P = 1 and 8

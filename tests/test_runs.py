@@ -172,3 +172,14 @@ def test_device_count_is_part_of_the_identity(corpus):
   assert runs.run_name(CONFIG, corpus.sha256, 256, devices=4) != one
   assert runs.identity(CONFIG, corpus.sha256, 256, 4)["devices"] == 4
   assert runs.code_version()["version"] == "0.1.0"
+
+
+def test_width_override_scales_heads_and_the_models_own_width_is_the_same_run():
+  wide = dataclasses.replace(CONFIG, width=64)
+  cfg = wide.model_config(256)
+  assert (cfg.width, cfg.num_heads) == (64, 4)  # cpu-tiny: 2 heads of 16
+  assert "-W64" in wide.name and "-W" not in dataclasses.replace(CONFIG, width=32).name
+  assert runs.run_name(dataclasses.replace(CONFIG, width=32), "x", 256) == runs.run_name(CONFIG, "x", 256)
+  assert runs.run_name(wide, "x", 256) != runs.run_name(CONFIG, "x", 256)
+  with pytest.raises(ValueError, match="width 40 must be a positive multiple of the model's head size 16"):
+    dataclasses.replace(CONFIG, width=40).validate()
