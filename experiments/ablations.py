@@ -52,6 +52,11 @@ ABLATIONS = {
         "paper's appendix), beside rotation and the baselines.",
         lambda make, top: [make(m, p) for m in ("rotation", "rotation-lr") for p in (1, top)],
         functools.partial(report.study_section, with_main_baselines=True, fewer=True)),
+    "muon": Ablation(
+        "Muon (optax.contrib.muon, RMS-matched to AdamW) under the same staleness, at P = 1 and the "
+        "largest P, beside rotation and the baselines (the paper's appendix).",
+        lambda make, top: [make(m, p) for m in ("rotation", "muon") for p in (1, top)],
+        functools.partial(report.study_section, with_main_baselines=True, fewer=True)),
     "nesterov-stage": Ablation(
         "Without weight stashing: Nesterov with per-stage momentum (b1 from 0.9 at the last stage up "
         "to about 0.99 at the first) against Nesterov's one b1 = 0.99, beside PipeDream.",

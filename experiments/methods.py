@@ -17,7 +17,7 @@ class Method:
   """How one method builds its optimizer for pipeline stage k.
 
   Attributes:
-    kind: ``adamw``, ``pipemare`` (PipeDream-LR), ``nadam`` (Nesterov) or ``rotation``.
+    kind: ``adamw``, ``pipemare`` (PipeDream-LR), ``nadam`` (Nesterov), ``muon`` or ``rotation``.
     source, geometry: rotation variant (docs/algorithms.md section 2).
     refresh_every: uniform basis refresh period.
     allocation: stage-aware refresh allocation (``uniform``, ``proportional``, ``reverse``).
@@ -62,6 +62,9 @@ METHODS = {
     # with more momentum on the more delayed stages (meant for the no-stashing case).
     "rotation-lr": Method("rotation", stage_lr=True),
     "nesterov-stage": Method("nadam", stage_b1=True),
+    # Muon (optax.contrib.muon) on the kernels rotation rotates, its Adam (Nesterov) elsewhere; consistent RMS
+    # scaling (0.2) gives its updates AdamW's size, so that the two share a learning-rate scale.
+    "muon": Method("muon"),
 }
 
 
@@ -108,6 +111,11 @@ def stage_optimizers(config) -> list[optax.GradientTransformation]:
     if method.kind == "nadam":
       b1 = ps.nesterov_stage_b1(0.9, delays[k], num_stages) if method.stage_b1 else 0.99
       return ps.nesterov(lr, b1=b1, b2=b2, weight_decay=wd)
+    if method.kind == "muon":
+      dims = lambda params: jax.tree.map(
+          lambda m: optax.contrib.MuonDimensionNumbers() if m else None, model_lib.rotation_mask(params))
+      return optax.contrib.muon(lr, weight_decay=wd, adam_b2=b2, adam_weight_decay=wd,
+                                muon_weight_dimension_numbers=dims, consistent_rms=0.2)
     bases = (jax.random.fold_in(jax.random.key(config.seed), k) if method.bases == "random" else None)
     rate = ps.pipemare_lr_schedule(lr, delays[k], transition) if method.stage_lr else lr
     return rotation.basis_rotation(rate, b2=b2, weight_decay=wd, source=method.source,

@@ -12,11 +12,12 @@ from experiments.runs import RunConfig
 P = 4
 
 
-def _first_update(method, k, **kw):
+def _first_update(method, k, kernel=None, **kw):
   config = RunConfig(method=method, stages=P, steps=100, lr=1e-2, warmup_steps=0, **kw)
   opt = methods.stage_optimizers(config)[k]
   params = {"mlp": {"kernel": jnp.zeros((4, 3))}, "b": jnp.zeros(3)}
-  grads = {"mlp": {"kernel": jnp.full((4, 3), 0.01).at[0, 0].set(0.02)}, "b": jnp.full(3, 0.01)}
+  kernel = jnp.full((4, 3), 0.01).at[0, 0].set(0.02) if kernel is None else kernel
+  grads = {"mlp": {"kernel": kernel}, "b": jnp.full(3, 0.01)}
   state = opt.init(params)
   updates, state = opt.update(grads, state, params)
   return updates, state
@@ -50,3 +51,13 @@ def test_random_bases_differ_by_stage_and_seed_and_freeze_is_set():
   assert not np.allclose(a, b) and not np.allclose(a, c)
   np.testing.assert_array_equal(a, left(0, 0))
   assert dataclasses.asdict(methods.check_method("rotation-frozen"))["freeze_after"] == 100
+
+
+def test_muon_orthogonalizes_the_rotated_kernels_and_runs_adamw_elsewhere():
+  u, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(4, 3)))
+  grad = u @ np.diag([1.0, 0.1, 0.01]) * 0.01  # singular values spread 100x
+  updates, _ = _first_update("muon", 0, kernel=jnp.asarray(grad, jnp.float32))
+  b = np.asarray(updates["b"])  # Adam's first step: -lr * sign(g) (times a bias-correction factor)
+  assert np.all(b < 0) and np.ptp(b) == 0
+  s = np.linalg.svd(np.asarray(updates["mlp"]["kernel"]), compute_uv=False)
+  assert s.min() / s.max() > 0.3  # Newton-Schulz evens out the singular values (0.01 in the gradient)
