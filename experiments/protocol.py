@@ -54,6 +54,7 @@ def parse_args(argv=None):
   p.add_argument("--warmup-delays", nargs="*", type=float, default=[4, 16],
                  help="warm-ups of K * tau_max steps compared with the preset's fraction")
   p.add_argument("--b2", nargs="*", type=float, default=[0.99], help="b2 values compared with 0.999")
+  p.add_argument("--b2-seeds", nargs="+", type=int, help="seeds of the b2 study (default: --seeds)")
   p.add_argument("--lr-methods", nargs="*", default=list(BASELINES) + ["rotation"],
                  help="methods whose rates are tuned (default: every main method; none: skip)")
   p.add_argument("--lr-grid", nargs="+", type=float, default=[0.5, 1.0, 2.0],
@@ -89,15 +90,17 @@ def _validate(args, preset):
 
 
 def settings(args, preset) -> dict:
-  """``{label: run-config overrides}`` of the warm-up and b2 studies (the preset first)."""
+  """``{label: (run-config overrides, seeds)}`` of the warm-up and b2 studies (the preset first)."""
   t = preset.template
   tau = args.top - 1
   base = f"preset: warm-up {t.warmup_fraction:.1%} ({int(t.warmup_fraction * t.steps)} steps), b2 {t.b2:g}"
-  out = {base: {}}
+  out = {base: ({}, args.seeds)}
   for k in args.warmup_delays:
-    out[f"warm-up {k:g} tau_max ({int(round(k * tau))} steps)"] = {"warmup_steps": int(round(k * tau))}
+    out[f"warm-up {k:g} tau_max ({int(round(k * tau))} steps)"] = ({"warmup_steps": int(round(k * tau))},
+                                                                   args.seeds)
   for b in args.b2:
-    out[f"b2 {b:g}"] = {"b2": b}
+    seeds = args.b2_seeds or args.seeds
+    out[f"b2 {b:g}" + (f" (seeds {seeds})" if seeds != args.seeds else "")] = ({"b2": b}, seeds)
   return out
 
 
@@ -186,9 +189,9 @@ def main(argv=None) -> pathlib.Path:
       overall.refresh()
       return [sweep._run(c, ds, out, overall) for c in configs]
 
-    by_setting = {label: run_all([make(m, p, s, **over) for s in args.seeds for m in args.methods
+    by_setting = {label: run_all([make(m, p, s, **over) for s in seeds for m in args.methods
                                   for p in (1, top)])
-                  for label, over in study.items()}
+                  for label, (over, seeds) in study.items()}
     lr_runs = {(m, p, lr): run_all([make(m, p, s, lr=lr) for s in args.seeds])
                for m in args.lr_methods for p in (1, top) for lr in grid[m]}
   wall = time.time() - t0
@@ -198,7 +201,8 @@ def main(argv=None) -> pathlib.Path:
   command = " ".join(["python -m experiments.protocol"] + (sys.argv[1:] if argv is None else list(argv)))
   summaries = {label: summarize(rs, top, window, args.plateau) for label, rs in by_setting.items()}
   record["command"] = command
-  record["settings"] = {label: {"overrides": study[label], "summary": s} for label, s in summaries.items()}
+  record["settings"] = {label: {"overrides": study[label][0], "seeds": study[label][1], "summary": s}
+                        for label, s in summaries.items()}
   lines = [f"# Protocol study (preset `{args.preset}`, P = 1 and P = {top}, seeds {args.seeds})", "",
            f"Command: `{command}`  ",
            f"Code: {record['code']}; {wall:.0f} s wall (cached runs take no time).", "",

@@ -26,10 +26,10 @@ def test_settings_are_the_sweeps_runs():
   args = protocol.parse_args(["--warmup-delays", "4", "--b2", "0.99"])
   preset = presets.PRESETS["cpu"]
   study = protocol.settings(args, preset)
-  assert list(study.values()) == [{}, {"warmup_steps": 60}, {"b2": 0.99}]
+  assert [over for over, _ in study.values()] == [{}, {"warmup_steps": 60}, {"b2": 0.99}]
   ds = data_lib.Dataset(np.zeros(10, np.uint8), np.zeros(10, np.uint8), 256, "x", "0" * 64)
-  for over, flags in ((study["warm-up 4 tau_max (60 steps)"], ["--warmup-delays", "4"]),
-                      (study["b2 0.99"], ["--b2", "0.99"])):
+  for (over, _), flags in ((study["warm-up 4 tau_max (60 steps)"], ["--warmup-delays", "4"]),
+                           (study["b2 0.99"], ["--b2", "0.99"])):
     plan = sweep.make_plan(sweep.parse_args(["--methods", "rotation", "--stages", "16"] + flags))
     mine = dataclasses.replace(preset.config("rotation", 16, 0), **over)
     theirs = next(c for c in plan.main if c.stages == 16)
