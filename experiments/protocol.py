@@ -112,18 +112,20 @@ def plateau_exit(curve, level: float, window: int):
 def summarize(results, top: int, window: int, level: float) -> dict:
   """Per-seed study tables of one setting reduced to what the protocol report compares:
   ``{method: {field: [per-seed values]}}`` with the common-target slowdown, the staleness gain,
-  the final smoothed loss at ``top``, and the plateau exit at P = 1 and ``top``."""
+  the final smoothed loss at ``top`` and at P = 1, and the plateau exit at P = 1 and ``top``."""
   curves = report.curves_by(results)
   baselines = tuple(m for m in BASELINES if any(k[0] == m for k in curves))
   tables = report.seed_tables(curves, window, baselines)
   seeds = sorted(set.intersection(*(set(v) for v in curves.values())))
   out = {}
   for m in sorted({k[0] for k in curves}):
-    rows = [next((r for r in t if r["method"] == m and r["stages"] == top), None) for t in tables]
+    at = lambda p: [next((r for r in t if r["method"] == m and r["stages"] == p), None) for t in tables]
+    rows, rows_1 = at(top), at(1)
     out[m] = {
         "slowdown_common": [r and r["slowdown_common"] for r in rows],
         "staleness_gain": [r and r["staleness_gain"] for r in rows],
         "final": [r and r["final"] for r in rows],
+        "final_1": [r and r["final"] for r in rows_1],
         "plateau_1": [plateau_exit(curves[(m, 1)][s], level, window) for s in seeds],
         "plateau_top": [plateau_exit(curves[(m, top)][s], level, window) for s in seeds],
     }
@@ -140,13 +142,14 @@ def spread(values, spec="{:.2f}") -> str:
 
 def _table(summaries: dict, methods, top: int, level: float) -> list:
   head = (["setting"] + [f"{m} slowdown" for m in methods] + ["rotation staleness gain"]
-          + [f"{m} final at P={top}" for m in methods]
+          + [f"{m} final at P={top} (P=1)" for m in methods]
           + [f"{m} steps to {level:g} at P={top}" for m in methods])
   lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
   for label, s in summaries.items():
     cells = ([spread(s[m]["slowdown_common"]) if m in s else "" for m in methods]
              + [spread(s["rotation"]["staleness_gain"]) if "rotation" in s else ""]
-             + [spread(s[m]["final"], "{:.3f}") if m in s else "" for m in methods]
+             + [f"{spread(s[m]['final'], '{:.3f}')} ({spread(s[m]['final_1'], '{:.3f}')})" if m in s else ""
+                for m in methods]
              + [spread(s[m]["plateau_top"], "{:.0f}") if m in s else "" for m in methods])
     lines.append(f"| {label} | " + " | ".join(cells) + " |")
   return lines
