@@ -12,7 +12,8 @@ protocol around the preset, one factor at a time, at P = 1 and the largest P, wi
    0.999 against ``--b2`` values.
 3. **Learning rates tuned at every P.** Each method's peak rate on a grid of multiples of the
    preset's rate (``--lr-grid``), at P = 1 and at the largest P, full-length runs, chosen on the
-   final validation loss averaged over the seeds; a choice on the grid's edge is flagged. Three
+   final validation loss averaged over the seeds; a grid whose best rate lies on its edge is extended
+   (``--extend``), and a choice still on the edge is flagged. Three
    readings side by side: rates tuned at P = 1 (used at every P), rates tuned at each P, and an
    equal-rate control (every method at ``--equal-lr``).
 
@@ -59,6 +60,9 @@ def parse_args(argv=None):
                  help="methods whose rates are tuned (default: every main method; none: skip)")
   p.add_argument("--lr-grid", nargs="+", type=float, default=[0.5, 1.0, 2.0],
                  help="multiples of each method's preset rate tried at P = 1 and the largest P")
+  p.add_argument("--extend", type=int, default=2,
+                 help="times a grid is extended (x0.5 or x2) while its choice lies on an edge (default 2)")
+  p.add_argument("--jobs", type=int, default=1, help="runs trained at once (see the sweep's --jobs)")
   p.add_argument("--equal-lr", type=float, default=3e-3,
                  help="the equal-rate control's one rate (must lie on every tuned method's grid)")
   p.add_argument("--plateau", type=float, default=3.0,
@@ -182,7 +186,8 @@ def main(argv=None) -> pathlib.Path:
   top, window = args.top, preset.window()
   make = lambda m, p, s, **kw: dataclasses.replace(preset.config(m, p, s), **kw)
   study = settings(args, preset)
-  grid = {m: [preset.learning_rate(m) * g for g in args.lr_grid] for m in args.lr_methods}
+  grid = {(m, p): [preset.learning_rate(m) * g for g in sorted(args.lr_grid)]
+          for m in args.lr_methods for p in (1, top)}
   t0 = time.time()
   with sweep.exclusive(out), tqdm(total=0, desc="protocol", unit="run", dynamic_ncols=True) as overall:
     def run_all(configs):
@@ -190,13 +195,21 @@ def main(argv=None) -> pathlib.Path:
         c.validate()
       overall.total += len(configs)
       overall.refresh()
-      return [sweep._run(c, ds, out, overall) for c in configs]
+      return sweep.run_all(configs, ds, out, overall, args.jobs)
 
     by_setting = {label: run_all([make(m, p, s, **over) for s in seeds for m in args.methods
                                   for p in (1, top)])
                   for label, (over, seeds) in study.items()}
     lr_runs = {(m, p, lr): run_all([make(m, p, s, lr=lr) for s in args.seeds])
-               for m in args.lr_methods for p in (1, top) for lr in grid[m]}
+               for (m, p), rates in grid.items() for lr in rates}
+    for (m, p), rates in grid.items():  # a choice on the grid's edge: one more rate beyond it
+      for _ in range(args.extend):
+        lr, interior = choose({x: lr_runs[(m, p, x)] for x in rates})
+        if interior:
+          break
+        new = rates[0] / 2 if lr == rates[0] else rates[-1] * 2
+        lr_runs[(m, p, new)] = run_all([make(m, p, s, lr=new) for s in args.seeds])
+        rates[:] = sorted(rates + [new])
   wall = time.time() - t0
   record = {"preset": args.preset, "top": top, "seeds": args.seeds, "window": window,
             "plateau": args.plateau, "wall_seconds": wall, "code": runs.code_version(),
@@ -241,27 +254,27 @@ def lr_section(args, grid, lr_runs, top, window, record, out) -> list:
   """The learning-rate tuning table and the three readings (tuned at P = 1, at each P, equal)."""
   chosen = {}
   lines = ["## Learning rates tuned at P = 1 and at P = top", "",
-           "Final validation loss (mean over seeds) per rate; the chosen rate in bold; "
-           "an edge choice is flagged.", "",
-           "| method | P | " + " | ".join(f"x{g:g}" for g in args.lr_grid) + " | chosen |",
-           "|---|---|" + "---|" * (len(args.lr_grid) + 1)]
+           f"Final validation loss (mean over seeds) per peak rate: the grid {args.lr_grid} x each "
+           f"method's preset rate, extended by x0.5 or x2 (up to {args.extend} times) while the best "
+           "lies on its edge; the chosen rate in bold; a choice still on the edge is flagged.", "",
+           "| method | P | rate: final validation loss | chosen |", "|---|---|---|---|"]
   for m in args.lr_methods:
     for p in (1, top):
-      lr, interior = choose({lr: lr_runs[(m, p, lr)] for lr in grid[m]})
+      lr, interior = choose({lr: lr_runs[(m, p, lr)] for lr in grid[(m, p)]})
       chosen[(m, p)] = lr
       cells = []
-      for x in grid[m]:
+      for x in grid[(m, p)]:
         v = np.mean([val_loss(r) for r in lr_runs[(m, p, x)]])
         text = f"{x:g}: {v:.3f}" if np.isfinite(v) else f"{x:g}: diverged"
         cells.append(f"**{text}**" if x == lr else text)
       flag = "" if interior else " (grid edge)"
-      lines.append(f"| {m} | {p} | " + " | ".join(cells) + f" | {lr:g}{flag} |")
+      lines.append(f"| {m} | {p} | " + ", ".join(cells) + f" | {lr:g}{flag} |")
       record["learning_rates"][f"{m} P={p}"] = {"chosen": lr, "interior": interior, "trials": {
-          str(x): [val_loss(r) for r in lr_runs[(m, p, x)]] for x in grid[m]}}
+          str(x): [val_loss(r) for r in lr_runs[(m, p, x)]] for x in grid[(m, p)]}}
   readings = {
       "rates tuned at P = 1": {(m, p): chosen[(m, 1)] for m in args.lr_methods for p in (1, top)},
       "rates tuned at each P": {(m, p): chosen[(m, p)] for m in args.lr_methods for p in (1, top)},
-      f"equal rate {args.equal_lr:g}": {(m, p): next(x for x in grid[m] if np.isclose(x, args.equal_lr))
+      f"equal rate {args.equal_lr:g}": {(m, p): next(x for x in grid[(m, p)] if np.isclose(x, args.equal_lr))
                                         for m in args.lr_methods for p in (1, top)},
   }
   summaries = {}
@@ -273,7 +286,7 @@ def lr_section(args, grid, lr_runs, top, window, record, out) -> list:
   lines += ["", "## Three readings of the same runs", "",
             *_table(summaries, args.lr_methods, top, args.plateau), ""]
   series = {f"{m} P={p}": [(x, float(np.mean([val_loss(r) for r in lr_runs[(m, p, x)]])))
-                           for x in grid[m]] for m in args.lr_methods for p in (1, top)}
+                           for x in grid[(m, p)]] for m in args.lr_methods for p in (1, top)}
   series = {k: [(x, y if np.isfinite(y) else None) for x, y in v] for k, v in series.items()}
   plots.series(series, out / "protocol_lr.png", "final validation loss against the peak rate",
                "peak learning rate", "final validation loss (seed mean)")
