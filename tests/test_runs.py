@@ -82,12 +82,13 @@ def test_metrics_are_written_while_training(trained):
 
 
 def test_update_diagnostics_are_opt_in_and_change_no_number(tmp_path, corpus, trained):
+  # (diagnose consumes nothing: tests/test_driver.py replays the run from the diagnosed state)
   _, plain = trained
-  config = dataclasses.replace(CONFIG, diagnose_every=10, diagnose_steps=4)
-  assert "-diag10" in config.name and runs.run_name(config, "x", 256) != runs.run_name(CONFIG, "x", 256)
+  config = dataclasses.replace(CONFIG, diagnose_every=20, diagnose_steps=2)
+  assert "-diag20" in config.name and runs.run_name(config, "x", 256) != runs.run_name(CONFIG, "x", 256)
   result = runs.train(config, corpus, tmp_path / "diag")
   assert result["losses"] == plain["losses"] and result["val_losses"] == plain["val_losses"]
-  assert [d["step"] for d in result["diagnostics"]] == [10, 20]  # not at step 0
+  assert [d["step"] for d in result["diagnostics"]] == [20]  # not at step 0
   for d in result["diagnostics"]:
     assert len(d["cosine"]) == len(d["flip_rate"]) == 2 and all(-1 <= c <= 1 for c in d["cosine"])
   with pytest.raises(ValueError, match="diagnose_every=15 must be a positive multiple of chunk=10"):
