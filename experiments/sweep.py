@@ -309,8 +309,10 @@ def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1) -> list:
       results[i] = done
       overall.update(1)
       tqdm.write(f"[{overall.n}/{overall.total}] {c.name}: {done['status']} (cached)")
+  if not todo:
+    return results
   spawn = multiprocessing.get_context("spawn")
-  pool = concurrent.futures.ProcessPoolExecutor(min(jobs, max(1, len(todo))), mp_context=spawn,
+  pool = concurrent.futures.ProcessPoolExecutor(min(jobs, len(todo)), mp_context=spawn,
                                                 initializer=_worker_start, initargs=(ds,))
   try:
     futures = {pool.submit(_worker_train, configs[i], run_dir_of(configs[i], ds, out)): i for i in todo}
