@@ -108,11 +108,6 @@ def settings(args, preset) -> dict:
   return out
 
 
-def plateau_exit(curve, level: float, window: int):
-  """First 1-based step whose smoothed loss is <= ``level`` (``None``: never, or not credited)."""
-  return metrics.iterations_to(curve, level, window)
-
-
 def summarize(results, top: int, window: int, level: float) -> dict:
   """Per-seed study tables of one setting reduced to what the protocol report compares:
   ``{method: {field: [per-seed values]}}`` with the common-target slowdown, the staleness gain,
@@ -130,8 +125,8 @@ def summarize(results, top: int, window: int, level: float) -> dict:
         "staleness_gain": [r and r["staleness_gain"] for r in rows],
         "final": [r and r["final"] for r in rows],
         "final_1": [r and r["final"] for r in rows_1],
-        "plateau_1": [plateau_exit(curves[(m, 1)][s], level, window) for s in seeds],
-        "plateau_top": [plateau_exit(curves[(m, top)][s], level, window) for s in seeds],
+        "plateau_1": [metrics.iterations_to(curves[(m, 1)][s], level, window) for s in seeds],
+        "plateau_top": [metrics.iterations_to(curves[(m, top)][s], level, window) for s in seeds],
     }
   return out
 
@@ -242,10 +237,7 @@ def main(argv=None) -> pathlib.Path:
   (out / "protocol.md").write_text("\n".join(lines) + "\n")
   runs.write_json(out / "protocol.json", json.loads(json.dumps(record, default=float)))
   if args.publish:
-    target = pathlib.Path(args.publish)
-    target.mkdir(parents=True, exist_ok=True)
-    for f in [out / "protocol.md"] + sorted(out.glob("protocol_*.png")):
-      (target / f.name).write_bytes(f.read_bytes())
+    sweep.publish(out, pathlib.Path(args.publish), [out / "protocol.md", *sorted(out.glob("protocol_*.png"))])
   print(f"done in {wall:.0f}s: {out / 'protocol.md'}")
   return out
 

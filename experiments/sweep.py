@@ -390,15 +390,18 @@ def dry_run(plan: Plan, ds, out: pathlib.Path) -> list:
   return rows
 
 
-def publish(out: pathlib.Path, target: pathlib.Path) -> None:
-  """Copies a sweep's report, table and figures (not its runs) into ``target``, replacing older
-  figures there, so that a reader sees them without running anything."""
+def publish(out: pathlib.Path, target: pathlib.Path, files=None) -> None:
+  """Copies a sweep's report, table and figures (not its runs), or ``files`` (a report first, then
+  figures), into ``target``, replacing older figures there, so that a reader sees them without
+  running anything."""
+  files = files or [out / "report.md", out / "results.csv", *sorted(out.glob("*.png"))]
   target.mkdir(parents=True, exist_ok=True)
   for old in target.glob("*.png"):
     old.unlink()
-  for f in [out / "report.md", out / "results.csv", *sorted(out.glob("*.png"))]:
+  for f in files:
     shutil.copyfile(f, target / f.name)
-  print(f"published {out / 'report.md'} and {len(list(out.glob('*.png')))} figures to {target}")
+  figures = sum(f.suffix == ".png" for f in files)
+  print(f"published {files[0]} and {figures} figures to {target}")
 
 
 def deviations(preset, ds, stages) -> list:
