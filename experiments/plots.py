@@ -36,22 +36,25 @@ def loss_curves(curves: dict, window: int, path: pathlib.Path, title: str) -> No
   plt.close(fig)
 
 
-def slowdown_vs_stages(rows, path: pathlib.Path, title: str, field: str = "slowdown_own") -> None:
-  """Slowdown against P per method: by default iterations at P / at P = 1 to reach the method's
-  own final loss at P (``field="slowdown"``: to the best baseline's final loss at P)."""
+def slowdown_vs_stages(rows, path: pathlib.Path, title: str, field: str = "slowdown_common") -> None:
+  """Slowdown against P per method, the seeds' mean with their [min, max] as error bars. By default
+  the headline, the slowdown at common targets (``field="slowdown_own"``: to the method's own final
+  loss at P)."""
+  labels = {"slowdown_common": "slowdown vs P = 1 at common targets (median over levels)",
+            "slowdown_own": "slowdown vs P = 1 (to own final loss at P)"}
   fig, ax = plt.subplots(figsize=(6, 4))
   for method in sorted({r["method"] for r in rows}):
-    pts = sorted((r["stages"], r[field]) for r in rows if r["method"] == method)
-    xs = [p for p, s in pts if s is not None]
-    ax.plot(xs, [s for _, s in pts if s is not None], marker="o", label=method)
-    never = [p for p, s in pts if s is None and p != 1]
-    if never:
-      ax.scatter(never, [ax.get_ylim()[1]] * len(never), marker="x", color="k")
+    pts = sorted((r["stages"], r[field], r.get(field + "_lo"), r.get(field + "_hi"))
+                 for r in rows if r["method"] == method and r[field] is not None)
+    if not pts:
+      continue
+    xs, ys, lo, hi = zip(*pts)
+    err = None if None in lo else np.array([np.subtract(ys, lo), np.subtract(hi, ys)])
+    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=method)
   ax.set_xscale("log", base=2)
   ax.set_xlabel("pipeline stages P")
-  ax.set_ylabel("slowdown vs P = 1 (to own final loss at P)" if field == "slowdown_own"
-                else "slowdown vs P = 1 (to best baseline's loss)")
-  ax.set_title(title + "  (x: never reached the target)", fontsize=9)
+  ax.set_ylabel(labels.get(field, field), fontsize=8)
+  ax.set_title(title + "  (bars: [min, max] over seeds)", fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()

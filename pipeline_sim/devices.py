@@ -380,7 +380,13 @@ class DevicePipeline:
     Like ``Pipeline.run``, this consumes ``state`` (its buffers are donated): use the one returned.
     """
     self._template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batches)
-    return self._run(state, batches, True)
+    return self._call(state, batches, True)
+
+  def _call(self, state, batches, feed):
+    # XLA returns P(STAGE, DATA) with a size-1 data axis as P(STAGE): an equal layout, but another
+    # jit cache key. Relabelling it (no copy) keeps one compiled program per chunk shape.
+    state, out = self._run(state, batches, feed)
+    return jax.device_put(state, self._state_shardings(state)), out
 
   def finish(self, state: DevicePipelineState):
     """Flushes the pipeline: the ``2(P - 1)`` phases in which stage 0 takes no input and the
@@ -390,8 +396,11 @@ class DevicePipeline:
     fed = int(state.fed)
     if self.num_stages == 1 or fed == int(state.start):  # nothing in flight
       return state, (np.zeros(0, np.int32), np.zeros(0), np.zeros(0))
-    drain = jax.tree.map(lambda s: jnp.zeros((self.num_stages - 1, *s.shape[1:]), s.dtype), self._template)
-    state, out = self._run(state, drain, False)
+    # The drain runs the chunk's own program (one compile per run): its phases past the 2(P - 1)
+    # that complete the micro-batches in flight find no valid micro-batch and idle.
+    length = max(self.num_stages - 1, jax.tree.leaves(self._template)[0].shape[0])
+    drain = jax.tree.map(lambda s: jnp.zeros((length, *s.shape[1:]), s.dtype), self._template)
+    state, out = self._call(state, drain, False)
     steps, losses, norms = (np.asarray(x) for x in out)
     keep = (steps >= int(state.start)) & (steps < fed)
     fresh = jnp.asarray(fed, jnp.int32)

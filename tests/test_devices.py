@@ -88,7 +88,7 @@ for c in range(0, M, CHUNK):
   steps += [int(i) for i in out[0]]
   losses.update(zip(map(int, out[0]), map(float, out[1])))
 got["flush"] = {"steps": steps, "first": [losses[c] for c in range(0, M, CHUNK)], "direct": direct,
-                "returned": returned}
+                "returned": returned, "programs": pipe._run._cache_size()}
 
 # One optimizer means per-stage copies in both pipelines: a global-norm clip clips each stage by
 # its own norm (the emulator's merged=True clips over all stages, which no device pipeline can).
@@ -186,6 +186,7 @@ def test_only_live_messages_move_between_stages(got):
 def test_a_flush_completes_the_micro_batches_in_flight_and_restarts_the_fill(got):
   r = got["flush"]
   assert r["steps"] == list(range(8))
+  assert r["programs"] == 1  # the drain runs the chunk's program: one compile for runs and flushes
   assert max(abs(a - b) for a, b in zip(r["first"], r["direct"])) < 1e-12
   # run after finish returns no micro-batch that finish returned (and no NaN for a real index)
   returned = [s for s, _ in r["returned"]]
