@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 
+import conftest
+
 from experiments import data, runs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -42,7 +44,7 @@ def test_two_processes_train_one_run_and_match_one_process(tmp_path):
   (tmp_path / "run" / "result.json").write_text('{"trunc')  # damaged: set aside once, by process 0
   procs = []
   for i in range(2):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+    env = {**os.environ, "XLA_FLAGS": conftest.xla_flags(2), "JAX_PLATFORMS": "cpu",
            "JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(i)}
     procs.append(subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=ROOT, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
