@@ -11,6 +11,7 @@ import collections
 import csv
 import dataclasses
 import pathlib
+import re
 
 import numpy as np
 
@@ -549,3 +550,57 @@ def write(out: pathlib.Path, preset, main_results, ablation_results, registry, d
   lines += ["## Figures", ""] + [f"![{f}]({f})" for f in ctx.figures] + [""]
   (out / "report.md").write_text("\n".join(lines))
   return rows
+
+
+# ---- the README's generated tables ---------------------------------------------------------------
+
+GENERATED = re.compile(r"(<!-- generated from (\S+) section \"([^\"]+)\" -->\n)(.*?)"
+                       r"(<!-- end generated -->)", re.S)
+
+
+def section_table(report_md: str, heading: str) -> str:
+  """The first Markdown table under ``## heading`` of a report."""
+  lines = report_md.splitlines()
+  try:
+    start = lines.index(f"## {heading}")
+  except ValueError:
+    raise ValueError(f"no section '## {heading}' in the report") from None
+  table = []
+  for line in lines[start + 1:]:
+    if line.startswith("## "):
+      break
+    if line.startswith("|"):
+      table.append(line)
+    elif table:
+      break
+  if not table:
+    raise ValueError(f"section '## {heading}' has no table")
+  return "\n".join(table) + "\n"
+
+
+def sync_readme(readme: pathlib.Path) -> list:
+  """Rewrites each generated block of ``readme`` (between ``<!-- generated from PATH section
+  "HEADING" -->`` and ``<!-- end generated -->``) with that table of the report at PATH (relative to
+  the README's folder). Returns the blocks that changed (as ``(path, heading)``)."""
+  text, changed = readme.read_text(), []
+
+  def fill(m):
+    table = section_table((readme.parent / m.group(2)).read_text(), m.group(3))
+    if table != m.group(4):
+      changed.append((m.group(2), m.group(3)))
+    return m.group(1) + table + m.group(5)
+
+  new = GENERATED.sub(fill, text)
+  if new != text:
+    readme.write_text(new)
+  return changed
+
+
+if __name__ == "__main__":
+  import argparse
+
+  parser = argparse.ArgumentParser(prog="python -m experiments.report", description="Rewrites the "
+                                   "README's generated tables from the published reports they name.")
+  parser.add_argument("--readme", default="README.md", help="the README (default README.md)")
+  changed = sync_readme(pathlib.Path(parser.parse_args().readme))
+  print("\n".join(f"updated: {p}, section {h!r}" for p, h in changed) or "up to date")

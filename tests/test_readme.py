@@ -45,3 +45,12 @@ def test_readme_modules_exist():
     path = ROOT / (module.replace(".", "/") + ".py")
     package = ROOT / module.replace(".", "/") / "__main__.py"
     assert path.exists() or package.exists(), module
+
+
+def test_generated_tables_equal_the_reports_they_name():
+  from experiments import report
+
+  blocks = report.GENERATED.findall(README)
+  assert blocks, "the README has no generated table"
+  for _, path, heading, table, _ in blocks:  # `python -m experiments.report` rewrites them
+    assert table == report.section_table((ROOT / path).read_text(), heading), (path, heading)

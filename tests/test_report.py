@@ -3,6 +3,7 @@
 import pathlib
 
 import numpy as np
+import pytest
 
 from experiments import report
 
@@ -101,3 +102,19 @@ def test_width_section_reports_each_widths_slowdowns():
   for r, slowdown in zip(rows, (4.0, 2.0)):
     assert abs(float(r[1]) / slowdown - 1) < 0.05 and abs(float(r[2]) / slowdown - 1) < 0.05, r
     assert r[3].startswith("1.4") or r[3].startswith("1.5"), r  # rotation 1.5x ahead at P = 1 and 8
+
+
+def test_sync_readme_rewrites_only_stale_generated_blocks(tmp_path):
+  (tmp_path / "r").mkdir()
+  (tmp_path / "r" / "report.md").write_text(
+      "# R\n\n## Claims\n\nintro\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\nafter\n\n## Next\n\n| x |\n")
+  readme = tmp_path / "README.md"
+  block = '<!-- generated from r/report.md section "Claims" -->\n| a | b |\n| old |\n<!-- end generated -->'
+  readme.write_text(f"top\n\n{block}\n\nbottom | kept |\n")
+  assert report.sync_readme(readme) == [("r/report.md", "Claims")]
+  want = block.replace("| a | b |\n| old |\n", "| a | b |\n|---|---|\n| 1 | 2 |\n")
+  assert readme.read_text() == f"top\n\n{want}\n\nbottom | kept |\n"
+  assert report.sync_readme(readme) == []  # up to date: nothing rewritten
+  readme.write_text(block.replace("Claims", "Missing"))
+  with pytest.raises(ValueError, match="no section '## Missing'"):
+    report.sync_readme(readme)
