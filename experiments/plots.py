@@ -52,6 +52,8 @@ def slowdown_vs_stages(rows, path: pathlib.Path, title: str, field: str = "slowd
     err = None if None in lo else np.array([np.subtract(ys, lo), np.subtract(hi, ys)])
     ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=method)
   ax.set_xscale("log", base=2)
+  stages = sorted({r["stages"] for r in rows})
+  ax.set_xticks(stages, [str(p) for p in stages])
   ax.set_xlabel("pipeline stages P")
   ax.set_ylabel(labels.get(field, field), fontsize=8)
   ax.set_title(title + "  (bars: [min, max] over seeds)", fontsize=9)
