@@ -17,6 +17,7 @@ import fcntl
 import multiprocessing
 import os
 import pathlib
+import re
 import shutil
 import sys
 import time
@@ -391,10 +392,12 @@ def dry_run(plan: Plan, ds, out: pathlib.Path) -> list:
 
 
 def publish(out: pathlib.Path, target: pathlib.Path, files=None) -> None:
-  """Copies a sweep's report, table and figures (not its runs), or ``files`` (a report first, then
-  figures), into ``target``, replacing older figures there, so that a reader sees them without
-  running anything."""
-  files = files or [out / "report.md", out / "results.csv", *sorted(out.glob("*.png"))]
+  """Copies a sweep's report, table and the figures its report shows (not its runs, nor figures
+  left in ``out`` by other sweeps), or ``files`` (a report first, then figures), into ``target``,
+  replacing older figures there, so that a reader sees them without running anything."""
+  if not files:
+    shown = re.findall(r"!\[[^\]]*\]\(([^)/]+\.png)\)", (out / "report.md").read_text())
+    files = [out / "report.md", out / "results.csv", *(out / f for f in dict.fromkeys(shown))]
   target.mkdir(parents=True, exist_ok=True)
   for old in target.glob("*.png"):
     old.unlink()

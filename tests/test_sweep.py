@@ -30,6 +30,7 @@ def test_smoke_sweep_end_to_end(tmp_path):
   # Running again skips every finished run (nothing recomputed), rewrites the report, and with
   # --publish copies it with its figures and table (a folder a reader can open).
   before = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/result.json")}
+  (out / "another_sweeps_figure.png").write_bytes(b"not this report's")  # left by another sweep
   sweep.main(["--preset", "smoke", "--out", str(out), "--publish", str(tmp_path / "pub")])
   assert {p: p.stat().st_mtime_ns for p in before} == before
   published = sorted(p.name for p in (tmp_path / "pub").iterdir())
