@@ -400,7 +400,7 @@ class DevicePipeline:
     # that complete the micro-batches in flight find no valid micro-batch and idle.
     length = max(self.num_stages - 1, jax.tree.leaves(self._template)[0].shape[0])
     drain = jax.tree.map(lambda s: jnp.zeros((length, *s.shape[1:]), s.dtype), self._template)
-    state, out = self._call(state, drain, False)
+    state, out = self._run(state, drain, False)  # relabelled by the device_put below
     steps, losses, norms = (np.asarray(x) for x in out)
     keep = (steps >= int(state.start)) & (steps < fed)
     fresh = jnp.asarray(fed, jnp.int32)
