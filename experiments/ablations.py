@@ -69,15 +69,17 @@ ABLATIONS = {
         "iterations from 95M to 1B to 3B)?",
         lambda make, top: [make(m, p, width=w) for w in (32, 64, 128) for m in ("nesterov", "rotation")
                            for p in (1, top)],
-        report.width_section),
+        functools.partial(report.size_section, size_of=report.width_of, label="width")),
     "moe": Ablation(
         "The mixture-of-experts model (cpu-moe) at P = 1 and 8.",
         lambda make, top: [make(m, p, model="cpu-moe") for m in BASELINES + ("rotation",) for p in (1, 8)],
         functools.partial(report.study_section, fewer=True)),
     "scaling": Ablation(
-        "Blocks and P grown together (P = blocks = 4, 8, 16) for PipeDream and rotation.",
-        lambda make, top: [make(m, b, num_blocks=b) for m in ("pipedream", "rotation") for b in (4, 8, 16)],
-        report.scaling_section),
+        "Blocks and P grown together (P = blocks = 4, 8, 16) for PipeDream, Nesterov and rotation, "
+        "each size with its P = 1 control: is rotation's robustness larger in bigger models?",
+        lambda make, top: [make(m, p, num_blocks=b) for b in (4, 8, 16)
+                           for m in ("pipedream", "nesterov", "rotation") for p in (1, b)],
+        functools.partial(report.size_section, size_of=report.blocks_of, label="blocks")),
 }
 
 

@@ -235,49 +235,51 @@ def stage_aware_section(ctx: Context, name: str, results, *, methods: tuple) -> 
   return lines
 
 
-def scaling_section(ctx: Context, name: str, results) -> list:
-  """Final smoothed loss as blocks = P grow together."""
-  curves = curves_by(results)
-  sizes = sorted({p for _, p in curves})
-  lines = ["Blocks = P grown together; final smoothed training loss:", "",
-           "| method | " + " | ".join(f"B=P={p}" for p in sizes) + " |", "|---|" + "---|" * len(sizes)]
-  for m in sorted({m for m, _ in curves}):
-    cells = []
-    for p in sizes:
-      finals = [metrics.final_smoothed(v, ctx.window) for v in curves.get((m, p), {}).values()]
-      row = {"seeds": len(finals), "final": float(np.mean(finals)) if finals else None,
-             "final_lo": min(finals) if finals else None, "final_hi": max(finals) if finals else None}
-      cells.append(cell(row, "final", "{:.4f}", ""))
-    lines.append(f"| {m} | " + " | ".join(cells) + " |")
-  lines.append("")
-  plots.loss_curves(mean_curves(curves), ctx.window, ctx.out / f"ablation_{name}_loss.png",
-                    "blocks = P scaling")
-  ctx.figures.append(f"ablation_{name}_loss.png")
-  return lines
+def width_of(result) -> int:
+  """A result's model width (its config's override, else the named model's)."""
+  c = result["config"]
+  return c.get("width") or model_lib.CONFIGS[c["model"]].width
 
 
-def width_section(ctx: Context, name: str, results) -> list:
-  """Per model width: common-target slowdown of each method from P = 1 to the largest P, rotation's
-  advantage over the best baseline at both, its staleness gain and the final losses."""
-  width_of = lambda r: r["config"].get("width") or model_lib.CONFIGS[r["config"]["model"]].width
-  widths = sorted({width_of(r) for r in results})
+def blocks_of(result) -> int:
+  """A result's block count (its config's override, else the named model's)."""
+  c = result["config"]
+  return c.get("num_blocks") or model_lib.CONFIGS[c["model"]].num_blocks
+
+
+def size_section(ctx: Context, name: str, results, size_of, label: str) -> list:
+  """Per model size (``size_of(result)``, printed under ``label``): each method's common-target
+  slowdown from P = 1 to the size's largest P, rotation's advantage over the best baseline at both,
+  its staleness gain, and each method's final smoothed loss at the largest P (at P = 1 in brackets);
+  and a figure of the seed-mean curves per size at the largest P."""
+  sizes = sorted({size_of(r) for r in results})
   methods = sorted({r["config"]["method"] for r in results}, key=lambda m: (m not in BASELINES, m))
   baselines = tuple(m for m in BASELINES if m in methods)
-  top = max(r["config"]["stages"] for r in results)
-  lines = ["| width | " + " | ".join(f"{m} slowdown" for m in methods)
+  lines = [f"| {label} | P | " + " | ".join(f"{m} slowdown" for m in methods)
            + " | rotation advantage P=1 / P=top | rotation staleness gain | "
-           + " | ".join(f"{m} final at P={top}" for m in methods) + " |",
-           "|---|" + "---|" * (2 * len(methods) + 2)]
-  for w in widths:
-    rows = study_rows(curves_by([r for r in results if width_of(r) == w]), ctx.window, baselines)
+           + " | ".join(f"{m} final at P=top (P=1)" for m in methods) + " |",
+           "|---|---|" + "---|" * (2 * len(methods) + 2)]
+  figure = {}
+  for size in sizes:
+    group = [r for r in results if size_of(r) == size]
+    top = max(r["config"]["stages"] for r in group)
+    curves = curves_by(group)
+    rows = study_rows(curves, ctx.window, baselines)
     at = lambda m, p: next((r for r in rows if r["method"] == m and r["stages"] == p), None)
     rot1, rot = at("rotation", 1), at("rotation", top)
+    final = lambda m: (f"{cell(at(m, top), 'final', '{:.3f}', 'diverged') if at(m, top) else ''}"
+                       f" ({cell(at(m, 1), 'final', '{:.3f}', 'diverged') if at(m, 1) else ''})")
     lines.append(
-        f"| {w} | " + " | ".join(cell(at(m, top), "slowdown_common") if at(m, top) else "" for m in methods)
+        f"| {size} | {top} | "
+        + " | ".join(cell(at(m, top), "slowdown_common") if at(m, top) and top > 1 else "" for m in methods)
         + f" | {cell(rot1, 'advantage') if rot1 else ''} / {cell(rot, 'advantage') if rot else ''}"
-        + f" | {cell(rot, 'staleness_gain') if rot else ''} | "
-        + " | ".join(cell(at(m, top), "final", "{:.4f}", "diverged") if at(m, top) else "" for m in methods)
-        + " |")
+        + f" | {cell(rot, 'staleness_gain') if rot and top > 1 else ''} | "
+        + " | ".join(final(m) for m in methods) + " |")
+    figure.update({(f"{m} {label}={size}", top): c for (m, p), c in mean_curves(curves).items() if p == top})
+  if figure:
+    plots.loss_curves(figure, ctx.window, ctx.out / f"ablation_{name}_loss.png",
+                      f"seed-mean smoothed loss at the largest P, per {label}")
+    ctx.figures.append(f"ablation_{name}_loss.png")
   return lines + [""]
 
 
@@ -460,7 +462,8 @@ def claims_section(ctx: Context, main_tables, groups) -> list:
         cell(rot, "fewer", "{:+.1f}%", "never") if rot else "no run",
         [_fewer(_at(r, "rotation", mtop)) for r in tables])
   if "scaling" in groups:
-    curves = curves_by(groups["scaling"])
+    # rotation's final loss at P = blocks, per size; P = 1 controls are the size section's business
+    curves = curves_by([r for r in groups["scaling"] if r["config"]["stages"] == blocks_of(r)])
     sizes = sorted({p for _, p in curves})
     seeds = sorted(set.intersection(*(set(v) for v in curves.values())))
     fin = lambda p, s: (metrics.final_smoothed(curves[("rotation", p)][s], ctx.window)

@@ -206,6 +206,14 @@ def device_count(config: RunConfig) -> int:
   return jax.local_device_count() if config.execution == "devices" else jax.device_count()
 
 
+def canonical(config: RunConfig) -> RunConfig:
+  """``config`` with a width or block count equal to the named model's own written as ``None``
+  (the same run, so the same identity and folder)."""
+  cfg = model_lib.CONFIGS[config.model]
+  return dataclasses.replace(config, width=None if config.width == cfg.width else config.width,
+                             num_blocks=None if config.num_blocks == cfg.num_blocks else config.num_blocks)
+
+
 def identity(config: RunConfig, data_sha256: str, vocab_size: int, devices: int = 1) -> dict:
   """Everything that changes a run's numbers: its config, the data's hash, the vocabulary and the
   device count (the data-parallel reduction order; on devices also the state's ``(P, D)``
@@ -216,8 +224,7 @@ def identity(config: RunConfig, data_sha256: str, vocab_size: int, devices: int 
   run is reused and records the code that made it (``result.json``), and a checkpoint written by
   other code is never resumed (``train`` restarts the run, with a warning).
   """
-  if config.width == model_lib.CONFIGS[config.model].width:  # the model's own width: the same run
-    config = dataclasses.replace(config, width=None)
+  config = canonical(config)
   fields = {k: v for k, v in dataclasses.asdict(config).items()
             if not (k in OPTIONAL_FIELDS and v == OPTIONAL_FIELDS[k])}
   out = {"config": fields, "data_sha256": data_sha256, "vocab_size": vocab_size}
@@ -229,7 +236,7 @@ def identity(config: RunConfig, data_sha256: str, vocab_size: int, devices: int 
 def run_name(config: RunConfig, data_sha256: str, vocab_size: int, devices: int = 1) -> str:
   """The run's folder name: readable settings plus a hash of its whole identity."""
   blob = json.dumps(identity(config, data_sha256, vocab_size, devices), sort_keys=True)
-  return f"{config.name}_{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+  return f"{canonical(config).name}_{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
 @functools.cache

@@ -1,6 +1,5 @@
 """The claims table of the report (experiments/report.py) on synthetic curves with known verdicts."""
 
-import pathlib
 
 import numpy as np
 import pytest
@@ -85,23 +84,45 @@ def test_slowdown_claim_counts_a_diverged_baseline_as_slowest(tmp_path):
       "**not reproduced** (rotation diverged or did not finish)")
 
 
-def test_width_section_reports_each_widths_slowdowns():
-  def curve(stretch, n=600):  # every level reached ``stretch`` times later
-    t = np.arange(1, n + 1) / stretch
-    return list(2.0 + 3.0 * np.exp(-t / 100) + 0.5 / (1 + t / 30))
+def _stretched(stretch, n=600):  # a loss curve reaching every level ``stretch`` times later
+  t = np.arange(1, n + 1) / stretch
+  return list(2.0 + 3.0 * np.exp(-t / 100) + 0.5 / (1 + t / 30))
+
+
+def test_size_section_reports_each_widths_slowdowns(tmp_path):
   results = []
   for width, slowdown in ((None, 4.0), (64, 2.0)):  # None: cpu-deep's own width, 32
     for method, speed in (("nesterov", 1.0), ("rotation", 1.5)):
       for p in (1, 8):
         stretch = (slowdown if p == 8 else 1.0) / speed
         results.append({"config": {"method": method, "stages": p, "seed": 0, "width": width,
-                                   "model": "cpu-deep"}, "losses": curve(stretch), "status": "finished"})
-  ctx = report.Context(pathlib.Path("."), 30, [], [])
-  rows = [line.split(" | ") for line in report.width_section(ctx, "width", results)[2:4]]
-  assert [r[0] for r in rows] == ["| 32", "| 64"]
+                                   "model": "cpu-deep"}, "losses": _stretched(stretch), "status": "finished"})
+  ctx = report.Context(tmp_path, 30, [], [])
+  lines = report.size_section(ctx, "width", results, size_of=report.width_of, label="width")
+  rows = [line.split(" | ") for line in lines[2:4]]
+  assert [(r[0], r[1]) for r in rows] == [("| 32", "8"), ("| 64", "8")]
   for r, slowdown in zip(rows, (4.0, 2.0)):
-    assert abs(float(r[1]) / slowdown - 1) < 0.05 and abs(float(r[2]) / slowdown - 1) < 0.05, r
-    assert r[3].startswith("1.4") or r[3].startswith("1.5"), r  # rotation 1.5x ahead at P = 1 and 8
+    assert abs(float(r[2]) / slowdown - 1) < 0.05 and abs(float(r[3]) / slowdown - 1) < 0.05, r
+    assert r[4].startswith("1.4") or r[4].startswith("1.5"), r  # rotation 1.5x ahead at P = 1 and 8
+  assert ctx.figures == ["ablation_width_loss.png"] and (tmp_path / "ablation_width_loss.png").exists()
+
+
+def test_size_section_groups_p1_controls_by_their_size(tmp_path):
+  """Scaling: blocks = P grown together, each size with its own P = 1 control; the P = 1 runs of
+  different sizes must not be pooled."""
+  results = []
+  for blocks, slowdown in ((4, 1.5), (8, 3.0)):
+    for method in ("pipedream", "rotation"):
+      for p in (1, blocks):
+        stretch = (slowdown if p > 1 else 1.0) * (blocks / 4)  # bigger models are slower here
+        results.append({"config": {"method": method, "stages": p, "seed": 0, "num_blocks": blocks,
+                                   "model": "cpu-deep"}, "losses": _stretched(stretch), "status": "finished"})
+  lines = report.size_section(report.Context(tmp_path, 30, [], []), "scaling", results,
+                              size_of=report.blocks_of, label="blocks")
+  rows = [line.split(" | ") for line in lines[2:4]]
+  assert [(r[0], r[1]) for r in rows] == [("| 4", "4"), ("| 8", "8")]
+  for r, slowdown in zip(rows, (1.5, 3.0)):
+    assert abs(float(r[2]) / slowdown - 1) < 0.05, r  # pooled P = 1 controls would give 1.5 / 1.5x
 
 
 def test_sync_readme_rewrites_only_stale_generated_blocks(tmp_path):

@@ -175,6 +175,15 @@ def test_device_count_is_part_of_the_identity(corpus):
   assert runs.code_version()["version"] == "0.1.0"
 
 
+def test_the_models_own_block_count_is_the_same_run_and_another_is_not():
+  own = dataclasses.replace(CONFIG, num_blocks=4)  # cpu-tiny has 4 blocks
+  assert runs.run_name(own, "x", 256) == runs.run_name(CONFIG, "x", 256)
+  assert runs.identity(own, "x", 256) == runs.identity(CONFIG, "x", 256)
+  deeper = dataclasses.replace(CONFIG, num_blocks=8)
+  assert runs.run_name(deeper, "x", 256) != runs.run_name(CONFIG, "x", 256)
+  assert "-B8" in runs.run_name(deeper, "x", 256)
+
+
 def test_width_override_scales_heads_and_the_models_own_width_is_the_same_run():
   wide = dataclasses.replace(CONFIG, width=64)
   cfg = wide.model_config(256)
