@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -213,27 +214,45 @@ def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=
   return rows
 
 
+def table(by_run: dict) -> list:
+  """Markdown lines: one row per run and matrix (``by_run``: ``{run label: analyse rows}``)."""
+  lines = ["| run | matrix | shape | basis | method | (1,1)-norm orig / rotated | off-diagonal share orig / "
+           "rotated / random | normalised (1,1)-norm orig / rotated / random |",
+           "|---|---|---|---|---|---|---|---|"]
+  for label, rows in by_run.items():
+    for r in rows:
+      trio = lambda key, r=r: " / ".join(f"{r[f'{key}_{b}']:.4f}" for b in ("original", "rotated", "random"))
+      lines.append(f"| {label} | {r['matrix']} | {r['shape']} | {r['basis']} | {r['method']} | "
+                   f"{r['norm_original']:.4g} / {r['norm_rotated']:.4g} | {trio('misalignment')} | "
+                   f"{trio('normalised')} |")
+  return lines
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m experiments.hessian", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("run_dir", help="a finished run folder (results/<preset>/runs/<name>)")
+  parser.add_argument("run_dirs", nargs="+", metavar="run_dir",
+                      help="finished run folders (results/<preset>/runs/<name>)")
   parser.add_argument("--samples", type=int, default=64, help="Cauchy / Rademacher probes per matrix")
-  parser.add_argument("--data", help="the data file the run used (default: the default corpus)")
+  parser.add_argument("--data", help="the data file the runs used (default: the default corpus)")
   parser.add_argument("--exact-limit", type=int, default=4096, help="blocks with at most this many "
                       "entries are measured exactly from HVPs (default 4096), larger ones estimated")
+  parser.add_argument("--markdown", help="also write the table (with the command) to this file")
   args = parser.parse_args(argv)
-  rows = analyse(pathlib.Path(args.run_dir), samples=args.samples, data_path=args.data,
-                 exact_limit=args.exact_limit)
-  print("| matrix | shape | basis | method | (1,1)-norm orig / rotated | off-diagonal share orig / "
-        "rotated / random | normalised (1,1)-norm orig / rotated / random |")
-  print("|---|---|---|---|---|---|---|")
-  for r in rows:
-    trio = lambda key: " / ".join(f"{r[f'{key}_{b}']:.4f}" for b in ("original", "rotated", "random"))
-    print(f"| {r['matrix']} | {r['shape']} | {r['basis']} | {r['method']} | {r['norm_original']:.4g} / "
-          f"{r['norm_rotated']:.4g} | {trio('misalignment')} | {trio('normalised')} |")
-  out = pathlib.Path(args.run_dir) / "hessian.json"
-  out.write_text(json.dumps(rows, indent=1))
-  print(f"written {out}")
+  by_run = {}
+  for run_dir in map(pathlib.Path, args.run_dirs):
+    rows = analyse(run_dir, samples=args.samples, data_path=args.data, exact_limit=args.exact_limit)
+    (run_dir / "hessian.json").write_text(json.dumps(rows, indent=1))
+    by_run[run_dir.name] = rows
+  lines = table(by_run)
+  print("\n".join(lines))
+  if args.markdown:
+    command = " ".join(["python -m experiments.hessian"] + (sys.argv[1:] if argv is None else list(argv)))
+    code = runs.code_version()
+    pathlib.Path(args.markdown).write_text(
+        f"Command: `{command}`  \nCode: {code}\n\n" + "\n".join(lines) + "\n")
+  also = f", {args.markdown}" if args.markdown else ""
+  print(f"written hessian.json in {len(by_run)} run folder(s){also}")
 
 
 if __name__ == "__main__":

@@ -95,3 +95,16 @@ def test_bad_run_folders_are_one_line_errors(tmp_path, capsys):
     assert sweep.cli([str(path)], entry=hessian.main) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(match, err), err
+
+
+def test_table_has_one_row_per_run_and_matrix():
+  row = {"matrix": "blocks/0/attn/q/kernel", "shape": [32, 32], "basis": "optimizer state",
+         "method": "exact", "norm_original": 2.0, "norm_rotated": 1.0}
+  for key, base in (("misalignment", 0.9), ("normalised", 0.4)):
+    row.update({f"{key}_original": base, f"{key}_rotated": base / 2, f"{key}_random": base + 0.05})
+  lines = hessian.table({"run-a": [row, dict(row, matrix="blocks/0/mlp/fc1/kernel")], "run-b": [row]})
+  assert len(lines) == 2 + 3
+  assert [line.split(" | ")[:2] for line in lines[2:]] == [
+      ["| run-a", "blocks/0/attn/q/kernel"], ["| run-a", "blocks/0/mlp/fc1/kernel"],
+      ["| run-b", "blocks/0/attn/q/kernel"]]
+  assert lines[2].endswith("| 0.4000 / 0.2000 / 0.4500 |")
