@@ -81,9 +81,7 @@ def bars(values: dict, path: pathlib.Path, title: str, ylabel: str) -> None:
   plt.close(fig)
 
 
-def series(lines: dict, path: pathlib.Path, title: str, xlabel: str, ylabel: str) -> None:
-  """One line per label through ``(x, y)`` points; ``None`` values are left out."""
-  fig, ax = plt.subplots(figsize=(6, 4))
+def _lines(ax, lines: dict, xlabel: str, ylabel: str) -> None:
   for label, pts in lines.items():
     pts = [(x, y) for x, y in pts if y is not None]
     if pts:
@@ -91,9 +89,26 @@ def series(lines: dict, path: pathlib.Path, title: str, xlabel: str, ylabel: str
   ax.set_xscale("log", base=2)
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
-  ax.set_title(title, fontsize=10)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
+
+
+def series(lines: dict, path: pathlib.Path, title: str, xlabel: str, ylabel: str) -> None:
+  """One line per label through ``(x, y)`` points (x on a log2 axis); ``None`` values are left out."""
+  fig, ax = plt.subplots(figsize=(6, 4))
+  _lines(ax, lines, xlabel, ylabel)
+  ax.set_title(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def panels(by_panel: dict, path: pathlib.Path, title: str, xlabel: str) -> None:
+  """``series`` side by side: ``{panel's y label: {line label: [(x, y)]}}``."""
+  fig, axes = plt.subplots(1, len(by_panel), figsize=(5.5 * len(by_panel), 4), squeeze=False)
+  for ax, (ylabel, lines) in zip(axes.flat, by_panel.items()):
+    _lines(ax, lines, xlabel, ylabel)
+  fig.suptitle(title, fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

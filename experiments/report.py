@@ -283,10 +283,11 @@ def size_section(ctx: Context, name: str, results, size_of, label: str) -> list:
   return lines + [""]
 
 
-def diagnostics_section(results) -> list:
+def diagnostics_section(ctx: Context, results) -> list:
   """Update diagnostics of the runs that logged them (``RunConfig.diagnose_every``): per method and
   P, per stage (delay tau_k), the mean over the logged windows and seeds of the cosine between the
-  stale and the fresh update and of the sign-flip rate along the top eigenvectors."""
+  stale and the fresh update and of the sign-flip rate along the top eigenvectors; a figure of both
+  against tau_k (``diagnostics.png``)."""
   logged = [r for r in results if r.get("diagnostics")]
   if not logged:
     return []
@@ -301,12 +302,19 @@ def diagnostics_section(results) -> list:
            "over the logged windows and seeds.", "",
            "| method | P | mode | cosine by tau_k (stage 0 first) | flip rate by tau_k |",
            "|---|---|---|---|---|"]
+  figure = {"cosine": {}, "flip rate": {}}
   for (m, p, mode), entries in sorted(by.items()):
     cos = np.nanmean([e["cosine"] for e in entries], axis=0)
     flips = np.nanmean([e["flip_rate"] for e in entries], axis=0)
     taus = [p - 1 - k for k in range(p)]
     lines.append(f"| {m} | {p} | {mode} | " + ", ".join(f"{t}: {x:.3f}" for t, x in zip(taus, cos))
                  + " | " + ", ".join(f"{t}: {x:.2f}" for t, x in zip(taus, flips)) + " |")
+    for name, values in (("cosine", cos), ("flip rate", flips)):
+      figure[name][f"{m} P={p} {mode}"] = sorted(
+          (t, float(x) if np.isfinite(x) else None) for t, x in zip(taus, values) if t > 0)
+  plots.panels(figure, ctx.out / "diagnostics.png", "update diagnostics per stage against its delay",
+               "tau_k (log scale)")
+  ctx.figures.append("diagnostics.png")
   return lines + [""]
 
 
@@ -542,7 +550,7 @@ def write(out: pathlib.Path, preset, main_results, ablation_results, registry, d
     section, tables = main_section(ctx, main_results)
     rows = metrics.aggregate(tables)
     lines += section
-  lines += diagnostics_section(everything)
+  lines += diagnostics_section(ctx, everything)
   groups = collections.defaultdict(list)
   for a, r in ablation_results:
     groups[a].append(r)

@@ -139,3 +139,21 @@ def test_sync_readme_rewrites_only_stale_generated_blocks(tmp_path):
   readme.write_text(block.replace("Claims", "Missing"))
   with pytest.raises(ValueError, match="no section '## Missing'"):
     report.sync_readme(readme)
+
+
+def test_diagnostics_section_averages_windows_per_stage_and_draws_them(tmp_path):
+  def result(method, cosines, flips):
+    return {"config": {"method": method, "stages": 3, "mode": "weight_stashing", "seed": 0},
+            "diagnostics": [{"step": 300 * (i + 1), "cosine": c, "flip_rate": f}
+                            for i, (c, f) in enumerate(zip(cosines, flips))]}
+  results = [result("pipedream", [[0.5, 0.7, 1.0], [0.7, 0.9, 1.0]], [[0.4, 0.2, 0.0], [0.2, 0.2, 0.0]]),
+             result("rotation", [[0.8, 0.9, 1.0]], [[0.1, 0.1, 0.0]]),
+             {"config": {"method": "nesterov", "stages": 3, "mode": "weight_stashing", "seed": 0}}]
+  ctx = report.Context(tmp_path, 30, [], [])
+  lines = report.diagnostics_section(ctx, results)
+  rows = [line for line in lines if line.startswith("| pipedream") or line.startswith("| rotation")]
+  assert rows == [
+      "| pipedream | 3 | weight_stashing | 2: 0.600, 1: 0.800, 0: 1.000 | 2: 0.30, 1: 0.20, 0: 0.00 |",
+      "| rotation | 3 | weight_stashing | 2: 0.800, 1: 0.900, 0: 1.000 | 2: 0.10, 1: 0.10, 0: 0.00 |"]
+  assert ctx.figures == ["diagnostics.png"] and (tmp_path / "diagnostics.png").stat().st_size > 0
+  assert report.diagnostics_section(ctx, results[2:]) == []
