@@ -50,7 +50,22 @@ def optimizers(refresh_every):
                                                            orthonormalization="cholesky_qr"),
           # Only the cold start: the per-step work alone (statistics and rotations).
           "rotation, no warm refresh": rotation.basis_rotation(1e-3, refresh_every=10**9,
-                                                               mask=model_lib.rotation_mask)}
+                                                               mask=model_lib.rotation_mask),
+          # Fixed (random) bases: no statistics, no refresh; the rotations in and out alone.
+          "rotation, fixed bases": rotation.basis_rotation(1e-3, mask=model_lib.rotation_mask,
+                                                           bases=jax.random.key(0))}
+
+
+def account(seconds: dict) -> dict:
+  """Rotation's whole-step time over AdamW's, split by component (each a fraction of AdamW's step):
+  the rotations in and out (fixed bases - AdamW), the statistics ``G G^T``, ``G^T G`` (no warm
+  refresh - fixed bases; the one cold-start refresh is amortised away), and the warm refreshes
+  (full - no warm refresh)."""
+  a = seconds["adamw"]
+  return {"rotations": (seconds["rotation, fixed bases"] - a) / a,
+          "statistics": (seconds["rotation, no warm refresh"] - seconds["rotation, fixed bases"]) / a,
+          "refresh": (seconds["rotation"] - seconds["rotation, no warm refresh"]) / a,
+          "total": seconds["rotation"] / a}
 
 
 def bench_update(params, refresh_every, steps, rounds=3):
@@ -156,7 +171,7 @@ def memory_report(model: str = "paper-95m", num_stages: int = 32) -> dict:
   params = model_lib.abstract_params(cfg)
   out = {"params": tree_bytes(params)}
   for name, tx in optimizers(10).items():
-    if name != "rotation, no warm refresh":
+    if name not in ("rotation, no warm refresh", "rotation, fixed bases"):
       out[name] = tree_bytes(jax.eval_shape(tx.init, params))
   pipe = ps.Pipeline(lambda p, b: 0.0, optax.adamw(1e-3),
                      model_lib.stage_labels(params, num_stages))
@@ -174,9 +189,11 @@ def main(argv=None):
         f"best of 3 interleaved means over {args.steps} steps")
   for batch in (16, 64):
     train = bench_train_step(cfg, args.refresh_every, args.steps, batch_size=batch)
-    print(f"cpu-deep whole training step, batch {batch}: rotation / adamw = "
-          f"{train['rotation'] / train['adamw']:.2f}x (without warm refreshes "
-          f"{train['rotation, no warm refresh'] / train['adamw']:.2f}x)")
+    parts = account(train)
+    print(f"cpu-deep whole training step, batch {batch}: rotation / adamw = {parts['total']:.2f}x "
+          f"(without warm refreshes {train['rotation, no warm refresh'] / train['adamw']:.2f}x); "
+          f"over AdamW's step: rotations +{parts['rotations']:.0%}, statistics "
+          f"+{parts['statistics']:.0%}, warm refreshes +{parts['refresh']:.0%}")
   mem = memory_report()
   gib = lambda b: f"{b / 2**30:.2f} GiB"
   print(f"paper-95m memory (eval_shape, nothing allocated): params {gib(mem['params'])}; optimizer "

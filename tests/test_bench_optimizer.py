@@ -24,3 +24,10 @@ def test_memory_report_matches_closed_form():
   extra = sum(8 * (x.shape[0] ** 2 + x.shape[1] ** 2) + 4
               for x, rotated in zip(jax.tree.leaves(params), mask) if rotated)
   assert extra > 0 and 8 * n + extra <= mem["rotation"] <= 8 * n + extra + 64
+
+
+def test_account_splits_the_step_by_component():
+  seconds = {"adamw": 2.0, "rotation, fixed bases": 2.5, "rotation, no warm refresh": 3.0, "rotation": 4.0}
+  parts = bench_optimizer.account(seconds)
+  assert parts == {"rotations": 0.25, "statistics": 0.25, "refresh": 0.5, "total": 2.0}
+  assert 1 + parts["rotations"] + parts["statistics"] + parts["refresh"] == parts["total"]
