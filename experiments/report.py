@@ -411,12 +411,12 @@ def claims_section(ctx: Context, main_tables, groups) -> list:
           [_fewer(_at(rows, "rotation", top)) for rows in main_tables])
   if "variants" in groups:
     tables, rows, vtop = study("variants")
-    vals = {m: (_at(rows, m, vtop) or {}).get("slowdown_own") for m in VARIANTS}
-    add(f"second-order bilateral slows down least of the 2 x 2 taxonomy (P = {vtop})",
-        "2nd/bi 1.27, 2nd/uni 1.66, 1st/bi 1.77, 1st/uni 2.55",
-        ", ".join(f"{m} {fmt(v)}" for m, v in vals.items()),
-        [_least({m: (_at(r, m, vtop) or {}).get("slowdown_own") for m in VARIANTS}, "rotation")
-         for r in tables])
+    for field, how in (("slowdown_own", ""), ("slowdown_common", " at common targets")):
+      add(f"second-order bilateral slows down least of the 2 x 2 taxonomy (P = {vtop}){how}",
+          "2nd/bi 1.27, 2nd/uni 1.66, 1st/bi 1.77, 1st/uni 2.55",
+          ", ".join(f"{m} {cell(_at(rows, m, vtop), field)}" if _at(rows, m, vtop) else f"{m} no run"
+                    for m in VARIANTS),
+          [_least({m: (_at(r, m, vtop) or {}).get(field) for m in VARIANTS}, "rotation") for r in tables])
   if "stage-aware" in groups:
     _, rows = stage_aware_rows(curves_by(groups["stage-aware"]), ALLOCATIONS, ctx.window)
     why = "an allocation diverged or never reached the target"

@@ -1,5 +1,6 @@
 """The claims table of the report (experiments/report.py) on synthetic curves with known verdicts."""
 
+import re
 
 import numpy as np
 import pytest
@@ -68,6 +69,30 @@ def test_diverged_runs_keep_the_no_stashing_claim(tmp_path):
   slow = base + [no_stash(m, 4, e) for m, e in ends]
   got = claims(tmp_path, main, {"no-stashing": slow + [no_stash("rotation", 4, 1.7)]})
   assert got[claim] == "**not reproduced** (rotation degrades more than pipedream)"
+
+
+def _stretched_run(method, stages, stretch, seed=0):
+  t = np.arange(1, 601) / stretch
+  return {"config": {"method": method, "stages": stages, "seed": seed, "mode": "weight_stashing"},
+          "status": "finished", "losses": list(2.0 + 3.0 * np.exp(-t / 100) + 0.5 / (1 + t / 30))}
+
+
+def test_taxonomy_claim_in_both_slowdown_families(tmp_path):
+  """Each variant's P = 4 curve reaches every level ``slowdown`` times later than its P = 1 curve."""
+  def variants(slowdowns):
+    return [_stretched_run(m, p, s if p == 4 else 1.0)
+            for m, s in zip(("rotation", "rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni"),
+                            slowdowns)
+            for p in (1, 4)]
+  main = main_study(rot_end=1.5)
+  got = claims(tmp_path, main, {"variants": variants((1.5, 2.0, 2.5, 3.0))})
+  for how in ("", " at common targets"):
+    assert got[f"second-order bilateral slows down least of the 2 x 2 taxonomy (P = 4){how}"] == "reproduced"
+  got = claims(tmp_path, main, {"variants": variants((2.5, 2.0, 3.0, 3.5))})
+  for how in ("", " at common targets"):
+    verdict = got[f"second-order bilateral slows down least of the 2 x 2 taxonomy (P = 4){how}"]
+    want = r"\*\*not reproduced\*\* \(rotation-2nd-uni (1\.9\d|2\.0\d) <= rotation 2\.\d\d\)"
+    assert re.fullmatch(want, verdict), verdict
 
 
 def test_slowdown_claim_counts_a_diverged_baseline_as_slowest(tmp_path):
