@@ -8,6 +8,13 @@ package is the program being run, OpenBLAS is made single-threaded before anythi
 unless the user already chose (``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` set). Importing
 this package from your own program changes nothing: set ``OPENBLAS_NUM_THREADS=1`` yourself before
 Python starts.
+
+Compilation cache of the command-line tools: JAX's persistent compilation cache is turned on, in
+``$XDG_CACHE_HOME/staleness-rotation/jax`` (default ``~/.cache/...``), unless the user set
+``JAX_COMPILATION_CACHE_DIR`` (an empty value turns it off). A run's compiled programs depend on
+its shapes and settings, not on its seed, so the second seed of a configuration, a resumed run
+and a rerun skip compilation (15 s -> 5 s to the end of the first chunk of a P = 16 AdamW run);
+the cached program is the same program, so the numbers do not change.
 """
 
 import os
@@ -28,3 +35,7 @@ def _running_tool() -> str | None:
 
 if _running_tool() is not None and not any(v in os.environ for v in BLAS_THREAD_VARIABLES):
   os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+if _running_tool() is not None and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_cache_home, "staleness-rotation", "jax")

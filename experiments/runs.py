@@ -393,16 +393,24 @@ class _Checkpoints:
   cannot be restored (a truncated file) is reported, moved to ``checkpoints.damaged/`` (else
   Orbax would refuse to save any step up to it) and the previous one is used; checkpoints of other
   code are moved to ``checkpoints.other-code/``; with none left the run restarts from step 0.
+
+  The state is written packed, one flat vector per dtype (``pack``), when this process holds all
+  of it: Orbax writes one file per array, and a pipeline state has thousands of small ones (a P =
+  16 AdamW state: 1,097 arrays, 3 s per save and 3 s per restore, against 0.1-0.4 s and 0.04 s
+  packed). A state spread over several processes is written array by array, and both layouts
+  restore.
   """
 
   def __init__(self, directory: pathlib.Path):
     self.directory = directory.absolute()
     self.manager = ocp.CheckpointManager(self.directory,
-                                         options=ocp.CheckpointManagerOptions(max_to_keep=2))
+                                         options=ocp.CheckpointManagerOptions(max_to_keep=2),
+                                         item_handlers=ocp.StandardCheckpointHandler())
 
   def save(self, step, state, losses, val_losses):
-    item = {"state": state, "losses": losses, "val": val_losses}
-    self.manager.save(step, args=ocp.args.StandardSave(item))
+    packed = pack(state)
+    item = {"state": state} if packed is None else {"packed": packed}
+    self.manager.save(step, args=ocp.args.StandardSave({**item, "losses": losses, "val": val_losses}))
     self.manager.wait_until_finished()
     write_json(self.directory / "code.json", code_version())
 
@@ -433,12 +441,18 @@ class _Checkpoints:
                     f"{code_version()}); restarting the run from step 0", stacklevel=2)
       self._set_aside(steps, "checkpoints.other-code")
       return None
-    item = {"state": template, "losses": losses, "val": val_losses}
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, item)
+    tables = {"losses": losses, "val": val_losses}
     damaged = []
     for step in steps:
       try:
-        got = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        if "packed" in self.manager.item_metadata(step).tree:
+          item = {"packed": jax.tree.map(np.asarray, pack(template, shapes_only=True)), **tables}
+        else:
+          item = {"state": template, **tables}
+        got = self.manager.restore(step, args=ocp.args.StandardRestore(
+            jax.tree.map(ocp.utils.to_shape_dtype_struct, item)))
+        if "packed" in got:
+          got["state"] = unpack(got["packed"], template)
       except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for damaged files
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         aside = "" if read_only else f"set aside in {self.directory.parent / 'checkpoints.damaged'}, "
@@ -452,6 +466,37 @@ class _Checkpoints:
     if damaged and not read_only:
       self._set_aside(damaged, "checkpoints.damaged")
     return None
+
+
+def pack(tree, shapes_only: bool = False) -> dict | None:
+  """The leaves of ``tree`` concatenated into one flat NumPy vector per dtype (in leaf order), or
+  ``None`` when some leaf is not wholly in this process (a state sharded over several hosts).
+
+  ``shapes_only`` returns zero vectors of the packed shapes (a restore template) without reading
+  the arrays."""
+  leaves = jax.tree.leaves(tree)
+  if not all(getattr(x, "is_fully_addressable", True) for x in leaves):
+    return None
+  groups = {}
+  for x in leaves:
+    groups.setdefault(np.dtype(x.dtype).name, []).append(x)
+  if shapes_only:
+    return {k: np.zeros(sum(int(np.prod(x.shape)) for x in v), k) for k, v in groups.items()}
+  return {k: np.concatenate([np.asarray(x).ravel() for x in v]) for k, v in groups.items()}
+
+
+def unpack(packed: dict, template):
+  """Inverse of ``pack``: ``template``'s tree with its leaves read from the packed vectors, each
+  placed with the template leaf's sharding."""
+  leaves, treedef = jax.tree.flatten(template)
+  offsets = dict.fromkeys(packed, 0)
+  out = []
+  for x in leaves:
+    name, size = np.dtype(x.dtype).name, int(np.prod(x.shape))
+    part = np.asarray(packed[name])[offsets[name]:offsets[name] + size].reshape(x.shape)
+    offsets[name] += size
+    out.append(jax.device_put(part, x.sharding) if isinstance(x, jax.Array) else part)
+  return jax.tree.unflatten(treedef, out)
 
 
 def check_identity(run_dir: pathlib.Path, ident: dict) -> None:
@@ -504,28 +549,47 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
   if config.batch_size % mesh.size:
     raise ValueError(f"batch_size {config.batch_size} is not divisible by the {mesh.size} devices; "
                      "choose a multiple (--batch-size)")
+  t0 = time.perf_counter()
   pipe, state, graphdef, loss_fn = build(config, ds, devices)
   on_devices = isinstance(pipe, ps.DevicePipeline)
   if not on_devices:
     state = ps.fsdp(state, mesh) if config.fsdp else ps.replicate(state, mesh)
+  jax.block_until_ready(state)
+  built = time.perf_counter() - t0
   context = config.model_config(ds.vocab_size).context
   valid = [ds.batch(10_000 + config.seed, j, config.batch_size, context, split="valid")
            for j in range(config.eval_batches)]
   valid = ps.shard_batches(jax.tree.map(lambda *xs: np.stack(xs), *valid), mesh)
   mean_loss = jax.jit(lambda params, valid: jnp.mean(jax.lax.map(lambda b: loss_fn(params, b), valid)))
-  evaluate = lambda params: mean_loss(params, valid)  # valid is an argument: it may span several hosts
+
+  def evaluate(params):  # valid is an argument: it may span several hosts
+    t0 = time.perf_counter()
+    loss = float(mean_loss(params, valid))
+    timing["eval_seconds"] += time.perf_counter() - t0
+    return loss
+
+  def save(step):
+    t0 = time.perf_counter()
+    ckpt.save(step, state, losses, val_losses)
+    timing["checkpoint_seconds"] += time.perf_counter() - t0
+
   lr_at = methods.schedule(config)
 
   losses = np.full(config.steps, np.nan, np.float32)
   val_losses = np.full(config.steps // config.eval_every + 1, np.nan, np.float32)
   ckpt = _Checkpoints(run_dir / "checkpoints")
+  t0 = time.perf_counter()
   restored = ckpt.restore(state, losses, val_losses)
+  restore_seconds = time.perf_counter() - t0
   step, status = 0, "finished"
-  timing = {"seconds": 0.0, "steady_seconds": 0.0, "steady_steps": 0, "compile_seconds": None}
+  # Seconds of the chunks (compile_seconds: the first one's, with compilation) and, outside them,
+  # of building the state, evaluating and checkpointing (restoring included); summed over resumes.
+  timing = {"seconds": 0.0, "steady_seconds": 0.0, "steady_steps": 0, "compile_seconds": None,
+            "build_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
   log = run_dir / "metrics.jsonl"
   diag_log = run_dir / "diagnostics.jsonl"
   if restored is None:
-    val_losses[0] = float(evaluate(_params(pipe, state)))
+    val_losses[0] = evaluate(_params(pipe, state))
     if is_primary():
       log.write_text("")
       if config.diagnose_every:
@@ -536,6 +600,8 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
     timing.update(_read_json(run_dir / "timing.json") or {})
     _truncate_log(log, step - _lag(pipe))
     _truncate_log(diag_log, step - 1)  # the window at ``step`` is logged again
+  timing["build_seconds"] += built
+  timing["checkpoint_seconds"] += restore_seconds
   note = {} if restored is None else {"resumed at": step}
   if progress is not None:
     progress.reset(total=config.steps)
@@ -582,7 +648,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
     # On devices the last evaluation waits for the drain (every stage at every update).
     val_loss = None
     if finite and step % config.eval_every == 0 and not (on_devices and step == config.steps):
-      val_loss = val_losses[step // config.eval_every] = float(evaluate(_params(pipe, state)))
+      val_loss = val_losses[step // config.eval_every] = evaluate(_params(pipe, state))
     log_steps(done, chunk_losses, grad_norms, elapsed / config.chunk, val_loss)
     if progress is not None:
       progress.set_postfix({**note, "loss": f"{np.mean(chunk_losses):.3f}" if len(done) else "-"},
@@ -592,17 +658,17 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
       status = "diverged"
       break
     if step % config.checkpoint_every == 0 and step < config.steps:
-      ckpt.save(step, state, losses, val_losses)
+      save(step)
       write_json(run_dir / "timing.json", timing)
   if status == "finished":
     state, (done, tail_losses, tail_norms) = _drain(pipe, state)
     val_loss = None
     if on_devices and config.steps % config.eval_every == 0 and np.all(np.isfinite(tail_losses)):
-      val_loss = val_losses[-1] = float(evaluate(_params(pipe, state)))
+      val_loss = val_losses[-1] = evaluate(_params(pipe, state))
     if not log_steps(done, tail_losses, tail_norms, 0.0, val_loss):
       status = "diverged"
   if status == "finished":
-    ckpt.save(step, state, losses, val_losses)  # the trained state, for diagnostics
+    save(step)  # the trained state, for diagnostics
   steady = timing["steady_steps"] / timing["steady_seconds"] if timing["steady_seconds"] else None
   result = {
       "name": run_dir.name, "config": dataclasses.asdict(config), "identity": ident,
@@ -611,6 +677,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
       "val_losses": [float(x) for x in val_losses],
       "seconds": timing["seconds"], "compile_seconds": timing["compile_seconds"],
       "steps_per_second": steady,
+      "overhead_seconds": {k: timing[f"{k}_seconds"] for k in ("build", "eval", "checkpoint")},
       "buffer_bytes": pipe.buffer_bytes(state),
       "num_params": model_lib.count_params(_params(pipe, state)),
       "data": {"name": ds.name, "sha256": ds.sha256, "tokens": ds.num_tokens,
