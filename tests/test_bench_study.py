@@ -1,0 +1,34 @@
+"""The study benchmark's time account and FLOP count (experiments/bench_study.py)."""
+
+import dataclasses
+
+import pytest
+
+from experiments import bench_study
+from experiments import data as data_lib
+from experiments import runs
+
+
+def test_account_splits_a_runs_wall_time_and_reads_older_results():
+  result = {"compile_seconds": 10.0, "seconds": 50.0,
+            "overhead_seconds": {"build": 3.0, "eval": 2.0, "checkpoint": 4.0}}
+  parts = bench_study.account(result, wall=62.0)
+  assert parts == {"first chunk": 10.0, "steady": 40.0, "build": 3.0, "eval": 2.0, "checkpoint": 4.0,
+                   "other": 3.0}
+  older = bench_study.account({"compile_seconds": 10.0, "seconds": 50.0}, wall=62.0)
+  assert older["other"] == 12.0 and older["checkpoint"] == 0.0
+
+
+def test_flops_per_step_is_one_steps_matmul_work():
+  config = runs.RunConfig(method="pipedream", stages=1, model="cpu-tiny", batch_size=4, chunk=10)
+  ds = data_lib.default_corpus(32)
+  cfg = config.model_config(ds.vocab_size)
+  tokens = config.batch_size * cfg.context
+  # Forward + backward of the dense layers: 6 FLOPs per token and weight (4 width^2 attention,
+  # 2 * 4 width^2 MLP per block, and the unembedding).
+  dense = cfg.num_blocks * 12 * cfg.width**2 + cfg.width * cfg.vocab_size
+  attention = cfg.num_blocks * 3 * 2 * 2 * config.batch_size * cfg.context**2 * cfg.width
+  flops = bench_study.flops_per_step(config, ds)
+  assert 6 * tokens * dense + attention <= flops <= 1.5 * (6 * tokens * dense + attention)
+  # The chunk's scan body is counted once: the count does not grow with the chunk.
+  assert bench_study.flops_per_step(dataclasses.replace(config, chunk=20), ds) == pytest.approx(flops)
