@@ -28,10 +28,9 @@ import time
 
 import jax
 
-from experiments import bench_optimizer
+from experiments import bench_optimizer, runs
 from experiments import data as data_lib
 from experiments import presets as presets_lib
-from experiments import runs
 
 PARTS = ("first chunk", "steady", "build", "eval", "checkpoint", "other")
 
@@ -52,7 +51,8 @@ def account(result: dict, wall: float) -> dict:
   code without ``overhead_seconds`` count those parts under "other"."""
   first = result["compile_seconds"] or 0.0
   parts = {"first chunk": first, "steady": result["seconds"] - first}
-  parts.update({k: (result.get("overhead_seconds") or {}).get(k, 0.0) for k in ("build", "eval", "checkpoint")})
+  overhead = result.get("overhead_seconds") or {}
+  parts.update({k: overhead.get(k, 0.0) for k in ("build", "eval", "checkpoint")})
   parts["other"] = wall - sum(parts.values())
   return parts
 

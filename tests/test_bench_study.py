@@ -4,9 +4,8 @@ import dataclasses
 
 import pytest
 
-from experiments import bench_study
+from experiments import bench_study, runs
 from experiments import data as data_lib
-from experiments import runs
 
 
 def test_account_splits_a_runs_wall_time_and_reads_older_results():
