@@ -121,8 +121,8 @@ class Pipeline:
     if self.mode == "stale_gradients":
       parts = [jax.tree.map(jnp.zeros_like, p) for p in parts]
     buffers = tuple(rb.ring_init(p, tau + 1) for p, tau in zip(parts, self.delays))
-    # New arrays (outputs of the compiled init), so donating the state never invalidates the caller's.
-    return PipelineState(jnp.zeros([], jnp.int32), params, opt_states, buffers)
+    # Copies (never the caller's arrays forwarded), so donating the state never deletes them.
+    return PipelineState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.copy, params), opt_states, buffers)
 
   def buffer_bytes(self, state: PipelineState) -> int:
     return rb.tree_bytes(state.buffers)

@@ -265,6 +265,16 @@ def test_buffer_memory_and_no_recompilation_across_chunks():
   assert pipe.buffer_bytes(state) == expected
 
 
+def test_running_a_state_never_deletes_the_callers_parameters():
+  params, labels, loss_fn = product_model(3)
+  kept = [float(w) for w in params["w"]]
+  pipe = ps.Pipeline(loss_fn, optax.sgd(LR), labels, "weight_stashing")
+  state, _ = pipe.run(pipe.init(params), batches(4))  # the state is donated
+  assert not any(w.is_deleted() for w in params["w"])
+  assert [float(w) for w in params["w"]] == kept
+  assert [float(w) for w in state.params["w"]] != kept
+
+
 def test_bad_input():
   params, labels, loss_fn = product_model(2)
   with pytest.raises(ValueError, match="unknown pipeline mode 'async'"):
