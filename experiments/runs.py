@@ -446,7 +446,7 @@ class _Checkpoints:
     for step in steps:
       try:
         if "packed" in self.manager.item_metadata(step).tree:
-          item = {"packed": jax.tree.map(np.asarray, pack(template, shapes_only=True)), **tables}
+          item = {"packed": pack(template, shapes_only=True), **tables}
         else:
           item = {"state": template, **tables}
         got = self.manager.restore(step, args=ocp.args.StandardRestore(
@@ -472,8 +472,8 @@ def pack(tree, shapes_only: bool = False) -> dict | None:
   """The leaves of ``tree`` concatenated into one flat NumPy vector per dtype (in leaf order), or
   ``None`` when some leaf is not wholly in this process (a state sharded over several hosts).
 
-  ``shapes_only`` returns zero vectors of the packed shapes (a restore template) without reading
-  the arrays."""
+  ``shapes_only`` returns the packed vectors' shapes (``jax.ShapeDtypeStruct``, a restore
+  template) without reading the arrays."""
   leaves = jax.tree.leaves(tree)
   if not all(getattr(x, "is_fully_addressable", True) for x in leaves):
     return None
@@ -481,7 +481,7 @@ def pack(tree, shapes_only: bool = False) -> dict | None:
   for x in leaves:
     groups.setdefault(np.dtype(x.dtype).name, []).append(x)
   if shapes_only:
-    return {k: np.zeros(sum(int(np.prod(x.shape)) for x in v), k) for k, v in groups.items()}
+    return {k: jax.ShapeDtypeStruct((sum(int(np.prod(x.shape)) for x in v),), k) for k, v in groups.items()}
   return {k: np.concatenate([np.asarray(x).ravel() for x in v]) for k, v in groups.items()}
 
 
