@@ -60,7 +60,8 @@ def account(result: dict, wall: float) -> dict:
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m experiments.bench_study", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--preset", default="cpu", help="whose main study (default cpu)")
+  parser.add_argument("--preset", default="cpu", choices=sorted(presets_lib.PRESETS),
+                      help="whose main study (default cpu)")
   parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
   parser.add_argument("--steps", type=int, help="steps per run (default: the preset's)")
   parser.add_argument("--methods", nargs="+", help="default: the preset's")
@@ -73,12 +74,11 @@ def main(argv=None):
     jax.config.update("jax_compilation_cache_dir", str(work / "jax-cache"))
   else:
     jax.config.update("jax_enable_compilation_cache", False)
-  template = preset.template if args.steps is None else dataclasses.replace(preset.template, steps=args.steps)
-  rates = dict(preset.learning_rates)
-  configs = [dataclasses.replace(template, method=m, stages=p, seed=s, lr=rates.get(m, rates["default"]))
+  steps = {} if args.steps is None else {"steps": args.steps}
+  configs = [preset.config(m, p, s, **steps)
              for s in args.seeds for m in (args.methods or preset.methods) for p in preset.stages]
-  ds = data_lib.default_corpus(runs.RunConfig(model=template.model).model_config(256).context)
-  print(f"backend {jax.default_backend()}; preset {preset.name}, {len(configs)} runs of {template.steps} "
+  ds = data_lib.default_corpus(configs[0].model_config(256).context)
+  print(f"backend {jax.default_backend()}; preset {preset.name}, {len(configs)} runs of {configs[0].steps} "
         f"steps, cache {args.cache}, in {work}")
   header = f"{'run':24s} {'wall s':>7s} " + " ".join(f"{p:>11s}" for p in PARTS) + \
       f" {'steps/s':>8s} {'steps/CPU-s':>11s}"
