@@ -22,6 +22,7 @@ import pipeline_sim as ps
 import rotation
 from experiments import data as data_lib
 from experiments import model as model_lib
+from experiments import runs
 
 
 def time_interleaved(fns: dict, steps: int, rounds: int = 3) -> dict:
@@ -80,8 +81,7 @@ def bench_update(params, refresh_every, steps, rounds=3):
     t0 = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state).compile()
     compile_s = time.perf_counter() - t0
-    analysis = compiled.cost_analysis()  # XLA's count; older JAX returns one dict per computation
-    flops = float((analysis[0] if isinstance(analysis, (list, tuple)) else analysis).get("flops", 0.0))
+    flops = runs.xla_flops(compiled)
     fns[name] = (compiled, (jax.tree.map(jnp.copy, params), state))
     out[name] = {"flops": flops, "compile": compile_s}
   for name, seconds in time_interleaved(fns, steps, rounds).items():

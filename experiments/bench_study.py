@@ -41,9 +41,7 @@ def flops_per_step(config: runs.RunConfig, ds) -> float:
   pipe, state, _, _ = runs.build(config, ds)
   context = config.model_config(ds.vocab_size).context
   batches = ds.batches(config.seed, 0, config.chunk, config.batch_size, context)
-  analysis = pipe.run.lower(state, batches).cost_analysis()
-  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-  return float(analysis.get("flops", 0.0))
+  return runs.xla_flops(pipe.run.lower(state, batches))
 
 
 def account(result: dict, wall: float) -> dict:

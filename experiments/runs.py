@@ -690,6 +690,14 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
   return result
 
 
+def xla_flops(program) -> float:
+  """XLA's FLOP count of a lowered or compiled program (older JAX returns one dict per
+  computation: the first is the program's)."""
+  analysis = program.cost_analysis()
+  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+  return float(analysis.get("flops", 0.0))
+
+
 def estimate(config: RunConfig, ds: Dataset) -> dict:
   """What one run will cost, without training it: XLA's FLOPs per step and memory of the compiled
   chunk, and a time estimate from one timed chunk after compilation."""
@@ -703,14 +711,12 @@ def estimate(config: RunConfig, ds: Dataset) -> dict:
     lowered, args = pipe.run.lower(state, batches), (state, batches)
   compiled = lowered.compile()
   compile_seconds = time.perf_counter() - t0
-  analysis = compiled.cost_analysis()  # a scan's body is counted once: FLOPs of one step
-  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
   memory = compiled.memory_analysis()
   nbytes = lambda name: int(getattr(memory, name, 0) or 0) if memory is not None else 0
   t0 = time.perf_counter()
   jax.block_until_ready(compiled(*args))
   rate = config.chunk / (time.perf_counter() - t0)
-  return {"flops_per_step": float(analysis.get("flops", 0.0)),
+  return {"flops_per_step": xla_flops(compiled),  # a scan's body is counted once: one step
           "memory_bytes": nbytes("argument_size_in_bytes") + nbytes("temp_size_in_bytes"),
           "compile_seconds": compile_seconds, "steps_per_second": rate,
           "estimated_seconds": compile_seconds + config.steps / rate}
