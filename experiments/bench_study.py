@@ -30,6 +30,7 @@ import jax
 
 from experiments import bench_optimizer, runs
 from experiments import data as data_lib
+from experiments import model as model_lib
 from experiments import presets as presets_lib
 
 PARTS = ("first chunk", "steady", "build", "eval", "checkpoint", "other")
@@ -42,6 +43,34 @@ def flops_per_step(config: runs.RunConfig, ds) -> float:
   context = config.model_config(ds.vocab_size).context
   batches = ds.batches(config.seed, 0, config.chunk, config.batch_size, context)
   return runs.xla_flops(pipe.run.lower(state, batches))
+
+
+def floor_program(config: runs.RunConfig, ds):
+  """``(chunk, params, batches)``: ``chunk(params, batches)`` runs ``config.chunk`` steps of the
+  model's forward, backward and a plain SGD update (rate 1e-3) in one scan, and returns the
+  parameters: what any training step of this model costs at least, without the pipeline's rings
+  and the method's optimizer."""
+  cfg = config.model_config(ds.vocab_size)
+  graphdef, params = model_lib.init(cfg, seed=config.seed)
+  loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
+  batches = ds.batches(config.seed, 0, config.chunk, config.batch_size, cfg.context)
+
+  def step(p, batch):
+    return jax.tree.map(lambda x, g: x - 1e-3 * g, p, jax.grad(loss_fn)(p, batch)), None
+
+  return jax.jit(lambda p, b: jax.lax.scan(step, p, b)[0]), params, batches
+
+
+def floor_rate(config: runs.RunConfig, ds, rounds: int = 3) -> float:
+  """Steps per second of ``floor_program`` (best of ``rounds`` after compiling)."""
+  chunk, params, batches = floor_program(config, ds)
+  jax.block_until_ready(chunk(params, batches))
+  best = float("inf")
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    jax.block_until_ready(chunk(params, batches))
+    best = min(best, time.perf_counter() - t0)
+  return config.chunk / best
 
 
 def account(result: dict, wall: float) -> dict:
@@ -110,6 +139,16 @@ def main(argv=None):
     split = ", ".join(f"{p} {sum(r[3][p] for r in group) / wall:.0%}" for p in PARTS)
     print(f"{label}: {steps / wall:.1f} steps per wall-second, {steps / cpu:.1f} per CPU-second, "
           f"{useful / wall / rate:.1%} of plain matmul; wall: {split}")
+  # The floor: a study whose compilation, pipeline, optimizer and overheads cost nothing would run
+  # every step at the rate of the model's forward + backward + SGD.
+  floor = floor_rate(configs[0], ds)
+  steady = sum(r[0].steps - r[0].chunk for r in rows) / sum(r[3]["steady"] for r in rows)
+  total = sum(r[0].steps for r in rows) / sum(r[1] for r in rows)
+  model_flops = flops_per_step(dataclasses.replace(configs[0], method="pipedream", stages=1), ds)
+  print(f"floor (forward + backward + SGD of the model alone): {floor:.1f} steps/s, "
+        f"{floor * model_flops / rate:.1%} of plain matmul; the runs' steady steps reach "
+        f"{steady / floor:.0%} of it, all runs {total / floor:.0%}: nothing but a faster model "
+        f"forward and backward can make this study more than {floor / total:.2f}x faster")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def parse_args(argv=None):
                  help="multiples of each method's preset rate tried at P = 1 and the largest P")
   p.add_argument("--extend", type=int, default=2,
                  help="times a grid is extended (x0.5 or x2) while its choice lies on an edge (default 2)")
-  p.add_argument("--jobs", type=int, default=1, help="runs trained at once (see the sweep's --jobs)")
+  p.add_argument("--jobs", type=int, help="runs trained at once (default and rules: the sweep's --jobs)")
   p.add_argument("--equal-lr", type=float, default=3e-3,
                  help="the equal-rate control's one rate (must lie on every tuned method's grid)")
   p.add_argument("--plateau", type=float, default=3.0,
@@ -174,6 +174,7 @@ def main(argv=None) -> pathlib.Path:
     raise ValueError(f"unknown preset {args.preset!r}; choose from {sorted(presets.PRESETS)}")
   preset = presets.PRESETS[args.preset]
   _validate(args, preset)
+  jobs = sweep.resolve_jobs(args.jobs, preset.template)
   runs.code_version()
   t = preset.template
   ds = data_lib.load(None, context=t.model_config(256).context)
@@ -190,7 +191,7 @@ def main(argv=None) -> pathlib.Path:
         c.validate()
       overall.total += len(configs)
       overall.refresh()
-      return sweep.run_all(configs, ds, out, overall, args.jobs)
+      return sweep.run_all(configs, ds, out, overall, jobs)
 
     by_setting = {label: run_all([make(m, p, s, **over) for s in seeds for m in args.methods
                                   for p in (1, top)])

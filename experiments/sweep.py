@@ -41,13 +41,13 @@ def parse_args(argv=None):
       prog="python -m experiments.sweep", description=__doc__,
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--preset", default="cpu", help=f"one of {sorted(presets_lib.PRESETS)} (default cpu: "
-                      "about 18 minutes on a 2-core CPU); gpu-95m is the paper's 95M model")
+                      "24 runs, 11 minutes on a 2-core CPU); gpu-95m is the paper's 95M model")
   parser.add_argument("--methods", nargs="+", help=f"methods to run at every P (default: the preset's); "
                       f"known: {sorted(methods_lib.METHODS)}")
   parser.add_argument("--stages", nargs="+", type=int, help="pipeline depths P (default: the preset's); "
                       "P = 1 is always added as the synchronous reference")
-  parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds (tables: mean and "
-                      "range over seeds)")
+  parser.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the preset's; tables: "
+                      "mean and range over seeds)")
   parser.add_argument("--steps", type=int, help="steps per run (a multiple of the preset's chunk)")
   parser.add_argument("--lr", nargs="+", help="peak learning rate: one value for every method, or "
                       "METHOD=VALUE pairs (default: the preset's)")
@@ -94,10 +94,11 @@ def parse_args(argv=None):
                       "stage, the cosine of stale and fresh updates and the sign-flip rate along the top "
                       "eigenvectors, over --diagnose-steps trial steps (the run's numbers do not change)")
   parser.add_argument("--diagnose-steps", type=int, help="length of each diagnostic window (default 16)")
-  parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own "
-                      "process (default 1). One run keeps about one core busy, so on 2 cores --jobs 2 "
-                      "finishes a sweep about 1.6x sooner; each run's measured seconds per step (the "
-                      "wall-clock columns) then include the other runs' load")
+  parser.add_argument("--jobs", type=int, help="runs trained at once, each in its own process, "
+                      "with the same numbers as one at a time (default on one host's CPU: one per "
+                      "usable core; else 1). One run keeps little more than one core busy (many "
+                      "small XLA ops), so on 2 cores two at a time finish a sweep about 1.4x sooner; "
+                      "each run's seconds per step (the wall-clock columns) include the others' load")
   parser.add_argument("--tune-lr", action="store_true", help="choose each method's peak learning "
                       "rate from the preset's grid with short runs at P = 1 (choice recorded)")
   return parser.parse_args(argv)
@@ -109,6 +110,30 @@ class Plan:
   main: tuple  # RunConfigs of the main study (learning rates may be re-chosen by tuning)
   ablations: tuple  # (group name, RunConfig) pairs
   stages: tuple  # the main study's P values (1 included)
+  jobs: int = 1  # runs trained at once (``resolve_jobs``)
+
+
+def usable_cores() -> list[int]:
+  """The CPU cores this process may run on (its affinity where the OS reports one)."""
+  if hasattr(os, "sched_getaffinity"):
+    return sorted(os.sched_getaffinity(0))
+  return list(range(os.cpu_count() or 1))
+
+
+def resolve_jobs(jobs: int | None, template) -> int:
+  """``--jobs``: ``None`` means one run per usable core where runs can share the host (one process,
+  CPU backend, emulated execution without ``fsdp``), else 1; an explicit value is checked."""
+  shared = (jax.default_backend() == "cpu" and jax.process_count() == 1
+            and template.execution != "devices" and not template.fsdp)
+  if jobs is None:
+    return len(usable_cores()) if shared else 1
+  if jobs < 1:
+    raise ValueError(f"--jobs must be >= 1, got {jobs}")
+  if jobs > 1 and not shared:
+    raise ValueError(f"--jobs {jobs} trains several runs at once on one host's CPU; on "
+                     "accelerators, several hosts, --execution devices or --fsdp every run needs the "
+                     "devices to itself: use --jobs 1")
+  return jobs
 
 
 def _learning_rates(preset, values):
@@ -203,10 +228,11 @@ def make_plan(args) -> Plan:
   method_names = tuple(args.methods or preset.methods)
   for m in method_names:
     methods_lib.check_method(m)
-  if any(s < 0 for s in args.seeds):
-    raise ValueError(f"--seeds must be >= 0, got {args.seeds}")
-  if len(set(args.seeds)) != len(args.seeds):
-    raise ValueError(f"--seeds has duplicates: {args.seeds}")
+  seeds = tuple(preset.seeds if args.seeds is None else args.seeds)
+  if any(s < 0 for s in seeds):
+    raise ValueError(f"--seeds must be >= 0, got {list(seeds)}")
+  if len(set(seeds)) != len(seeds):
+    raise ValueError(f"--seeds has duplicates: {list(seeds)}")
   stages = tuple(sorted(set(args.stages or preset.stages) | {1}))
   if args.warmup_delays is not None:
     preset = dataclasses.replace(preset, template=dataclasses.replace(
@@ -222,21 +248,15 @@ def make_plan(args) -> Plan:
       return c
     return config
 
-  main = tuple(make(s)(m, p) for s in args.seeds for m in method_names for p in stages)
-  extra = tuple((a, c) for s in args.seeds for a, ab in chosen for c in ab.runs(make(s), max(stages)))
+  main = tuple(make(s)(m, p) for s in seeds for m in method_names for p in stages)
+  extra = tuple((a, c) for s in seeds for a, ab in chosen for c in ab.runs(make(s), max(stages)))
   used = {c.method for c in main} | {c.method for _, c in extra}
   unused = sorted({m for m, _ in preset.learning_rates} - used - {"default"})
   if args.lr and unused:
     given = {v.rpartition("=")[0] for v in args.lr} - {""}
     for m in sorted(given & set(unused)):
       warnings.warn(f"--lr {m}=...: {m} is not among this sweep's methods ({sorted(used)})", stacklevel=2)
-  if args.jobs < 1:
-    raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-  if args.jobs > 1 and (jax.default_backend() != "cpu" or jax.process_count() > 1
-                        or preset.template.execution == "devices" or preset.template.fsdp):
-    raise ValueError(f"--jobs {args.jobs} trains several runs at once on one host's CPU; on "
-                     "accelerators, several hosts, --execution devices or --fsdp every run needs the "
-                     "devices to itself: use --jobs 1")
+  jobs = resolve_jobs(args.jobs, preset.template)
   if preset.template.fsdp and jax.device_count() == 1:
     raise ValueError("--fsdp shards the state over the data devices, and there is only 1 device here "
                      "(on CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)")
@@ -246,7 +266,7 @@ def make_plan(args) -> Plan:
     if bad:
       raise ValueError(f"--execution devices puts stage k on device k: P = {bad} do not divide the "
                        f"{n} local devices")
-  return Plan(preset, main, extra, stages)
+  return Plan(preset, main, extra, stages, jobs)
 
 
 def tune_learning_rates(plan: Plan, ds, out: pathlib.Path, overall) -> dict:
@@ -294,8 +314,11 @@ def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1) -> list:
 
   ``jobs > 1`` trains that many runs at once, each in a fresh process (``spawn``: JAX is not
   fork-safe) that receives the dataset once; the numbers are the same as in one process (each run is
-  a pure function of its config and data). A failure or Ctrl-C in one run stops the sweep; runs that
-  finished are on disk, and the others resume from their last checkpoint."""
+  a pure function of its config and data). Workers are not pinned to cores: XLA's CPU kernels split
+  their work by the number of cores the process may use, so a run pinned to one core computes other
+  round-off (its losses part from step 4-12 on) than the same run on two; unpinned, every run keeps
+  the machine's thread count and its numbers. A failure or Ctrl-C in one run stops the sweep; runs
+  that finished are on disk, and the others resume from their last checkpoint."""
   if jobs < 1:
     raise ValueError(f"--jobs must be >= 1, got {jobs}")
   if jobs == 1 or len(configs) < 2:
@@ -425,7 +448,7 @@ def deviations(preset, ds, stages) -> list:
              "250 epochs of its data at P up to 32)")
   out.append(f"learning rates: {dict(preset.learning_rates)}, one per method for every P (the cpu "
              "presets' were chosen at P = 1 by `python -m experiments.regime`; paper: 1e-3 at 95M)")
-  out.append("seeds: the tables show one seed unless --seeds gives more (then mean [min, max])")
+  out.append("seeds: with several seeds the tables show mean [min, max] over them; with one, its numbers")
   if max(stages) < 32:
     out.append(f"largest P = {max(stages)} (paper: 32)")
   return out
@@ -459,7 +482,7 @@ def main(argv=None) -> pathlib.Path:
         plan = dataclasses.replace(
             plan, main=tuple(dataclasses.replace(c, lr=chosen[c.method]) for c in plan.main),
             ablations=tuple((a, dataclasses.replace(c, lr=chosen[c.method])) for a, c in plan.ablations))
-      every = run_all(list(plan.main) + [c for _, c in plan.ablations], ds, out, overall, args.jobs)
+      every = run_all(list(plan.main) + [c for _, c in plan.ablations], ds, out, overall, plan.jobs)
       main_results = every[:len(plan.main)]
       ablation_results = [(a, r) for (a, _), r in zip(plan.ablations, every[len(plan.main):])]
     wall = time.time() - t0

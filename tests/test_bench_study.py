@@ -31,3 +31,24 @@ def test_flops_per_step_is_one_steps_matmul_work():
   assert 6 * tokens * dense + attention <= flops <= 1.5 * (6 * tokens * dense + attention)
   # The chunk's scan body is counted once: the count does not grow with the chunk.
   assert bench_study.flops_per_step(dataclasses.replace(config, chunk=20), ds) == pytest.approx(flops)
+
+
+def test_the_floor_program_is_sgd_with_the_models_gradient():
+  import jax
+  import numpy as np
+  from experiments import model as model_lib
+  config = runs.RunConfig(method="pipedream", stages=1, model="cpu-tiny", batch_size=4, chunk=3)
+  ds = data_lib.default_corpus(32)
+  chunk, params, batches = bench_study.floor_program(config, ds)
+  graphdef, _ = model_lib.init(config.model_config(ds.vocab_size), seed=config.seed)
+  loss_fn = model_lib.make_loss(graphdef)
+  expected = params
+  for i in range(config.chunk):  # step by step, outside any scan
+    grads = jax.grad(loss_fn)(expected, jax.tree.map(lambda b: b[i], batches))
+    expected = jax.tree.map(lambda x, g: x - 1e-3 * g, expected, grads)
+  got = chunk(params, batches)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  # The same forward and backward work as a training step (the optimizer adds little).
+  floor_flops = runs.xla_flops(chunk.lower(params, batches))
+  assert 0.8 * bench_study.flops_per_step(config, ds) <= floor_flops <= bench_study.flops_per_step(config, ds)

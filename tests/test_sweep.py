@@ -329,3 +329,14 @@ def test_warmup_in_delays_and_b2_reach_every_run():
   _, state = opt.update({"w": jnp.full(3, 0.1)}, state, {"w": jnp.zeros(3)})  # norm < 1: not clipped
   nu = [x for x in __import__("jax").tree.leaves(state) if getattr(x, "shape", ()) == (3,)]
   assert any(abs(float(v[0]) - 1e-4) < 1e-9 for v in nu)  # (1 - b2) g^2 with b2 = 0.99
+
+
+def test_jobs_default_to_one_per_usable_core_on_a_cpu_host():
+  plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
+  assert plan.jobs == len(sweep.usable_cores()) and plan.main[0].seed == 0
+  assert sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--jobs", "1"])).jobs == 1
+  seeds = {c.seed for c in sweep.make_plan(sweep.parse_args(["--preset", "cpu", "--dry-run"])).main}
+  assert seeds == set(sweep.presets_lib.PRESETS["cpu"].seeds)
+  with pytest.raises(ValueError, match=r"--seeds has duplicates: \[1, 1\]"):
+    sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--seeds", "1", "1"]))
+
