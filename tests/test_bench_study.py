@@ -2,10 +2,13 @@
 
 import dataclasses
 
+import jax
+import numpy as np
 import pytest
 
 from experiments import bench_study, runs
 from experiments import data as data_lib
+from experiments import model as model_lib
 
 
 def test_account_splits_a_runs_wall_time_and_reads_older_results():
@@ -34,9 +37,6 @@ def test_flops_per_step_is_one_steps_matmul_work():
 
 
 def test_the_floor_program_is_sgd_with_the_models_gradient():
-  import jax
-  import numpy as np
-  from experiments import model as model_lib
   config = runs.RunConfig(method="pipedream", stages=1, model="cpu-tiny", batch_size=4, chunk=3)
   ds = data_lib.default_corpus(32)
   chunk, params, batches = bench_study.floor_program(config, ds)
