@@ -257,8 +257,29 @@ def code_version() -> dict:
   return {"version": version, "commit": commit}
 
 
+def usable_cores() -> list[int]:
+  """The CPU cores this process may run on (its affinity where the OS reports one)."""
+  if hasattr(os, "sched_getaffinity"):
+    return sorted(os.sched_getaffinity(0))
+  return list(range(os.cpu_count() or 1))
+
+
+@functools.cache
+def host() -> dict:
+  """The CPU model and the cores this process may use: on the CPU backend a run's numbers depend on
+  both (XLA's kernels round differently per CPU and split their work by the usable cores)."""
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+  except OSError:
+    pass
+  return {"cpu": cpu, "cores": len(usable_cores())}
+
+
 def versions() -> dict:
-  out = {"python": platform.python_version(), "jax_backend": jax.default_backend(), "code": code_version()}
+  out = {"python": platform.python_version(), "jax_backend": jax.default_backend(),
+         "code": code_version(), "host": host()}
   for pkg in ("jax", "jaxlib", "optax", "flax", "orbax-checkpoint", "numpy"):
     try:
       out[pkg] = metadata.version(pkg)

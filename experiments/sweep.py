@@ -113,20 +113,13 @@ class Plan:
   jobs: int = 1  # runs trained at once (``resolve_jobs``)
 
 
-def usable_cores() -> list[int]:
-  """The CPU cores this process may run on (its affinity where the OS reports one)."""
-  if hasattr(os, "sched_getaffinity"):
-    return sorted(os.sched_getaffinity(0))
-  return list(range(os.cpu_count() or 1))
-
-
 def resolve_jobs(jobs: int | None, template) -> int:
   """``--jobs``: ``None`` means one run per usable core where runs can share the host (one process,
   CPU backend, emulated execution without ``fsdp``), else 1; an explicit value is checked."""
   shared = (jax.default_backend() == "cpu" and jax.process_count() == 1
             and template.execution != "devices" and not template.fsdp)
   if jobs is None:
-    return len(usable_cores()) if shared else 1
+    return len(runs.usable_cores()) if shared else 1
   if jobs < 1:
     raise ValueError(f"--jobs must be >= 1, got {jobs}")
   if jobs > 1 and not shared:

@@ -24,6 +24,8 @@ def test_smoke_sweep_end_to_end(tmp_path):
   for r in results:
     assert len(r["losses"]) == 40 and np.all(np.isfinite(r["losses"]))
     assert r["data"]["sha256"] and r["versions"]["jax"] and r["config"]["lr"] == 3e-3
+    # The machine the numbers depend on: the CPU and the cores the worker could use.
+    assert r["versions"]["host"] == {"cpu": runs.host()["cpu"], "cores": len(runs.usable_cores())}
   report = (out / "report.md").read_text()
   assert "| pipedream | 1.00 |" in report and "| rotation |" in report
   assert len((out / "results.csv").read_text().strip().splitlines()) == 5
@@ -333,7 +335,7 @@ def test_warmup_in_delays_and_b2_reach_every_run():
 
 def test_jobs_default_to_one_per_usable_core_on_a_cpu_host():
   plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
-  assert plan.jobs == len(sweep.usable_cores()) and plan.main[0].seed == 0
+  assert plan.jobs == len(runs.usable_cores()) and plan.main[0].seed == 0
   assert sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--jobs", "1"])).jobs == 1
   seeds = {c.seed for c in sweep.make_plan(sweep.parse_args(["--preset", "cpu", "--dry-run"])).main}
   assert seeds == set(sweep.presets_lib.PRESETS["cpu"].seeds)
