@@ -50,11 +50,12 @@ def mean_curves(curves: dict) -> dict:
 
 
 def step_seconds_by(results, key=lambda config: config["method"]) -> dict:
-  """``{(key, P): {seed: steady-state seconds per step}}`` (runs that measured it)."""
+  """``{(key, P): {seed: steady-state seconds per step}}`` (runs that measured it alone: a run
+  trained beside others, ``jobs`` > 1, is left out)."""
   groups = collections.defaultdict(dict)
   for r in results:
     c = r["config"]
-    if r.get("steps_per_second"):
+    if r.get("steps_per_second") and (r.get("jobs") or 1) == 1:
       groups[(key(c), c["stages"])][c["seed"]] = 1.0 / r["steps_per_second"]
   return dict(groups)
 
@@ -125,6 +126,7 @@ def main_section(ctx: Context, results) -> tuple[list, list]:
   """The main study's report lines and its per-seed tables (``seed_tables``)."""
   curves = curves_by(results)
   tables = seed_tables(curves, ctx.window, seconds=step_seconds_by(results))
+  shared = max((r.get("jobs") or 1 for r in results), default=1)
   rows = metrics.aggregate(tables)
   study_figures(ctx, curves, rows, "main", "main study")
   lines = ["## Slowdown at common targets (the headline)", "",
@@ -140,7 +142,10 @@ def main_section(ctx: Context, results) -> tuple[list, list]:
            "## Wall-clock to the target at P (seconds)", "",
            "Iterations to the best baseline's final loss at P times the run's measured steady-state "
            "seconds per step (the CPU analogue of the paper's GPU hours).", "",
-           pivot(rows, "seconds", "{:.0f}"), "",
+           pivot(rows, "seconds", "{:.0f}") if shared == 1 else
+           f"Not measured: runs were trained {shared} at a time (`--jobs`), so their seconds per "
+           "step include the others' load, and the sweep's last runs ran partly alone (faster); "
+           "`--jobs 1` times every run alone.", "",
            "## Slowdown from P = 1, each method to its own final loss at P", "",
            "Iterations at P / iterations at P = 1 to reach the loss the method reaches at P.", "",
            pivot(rows, "slowdown_own"), "",

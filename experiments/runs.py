@@ -537,7 +537,8 @@ def check_identity(run_dir: pathlib.Path, ident: dict) -> None:
                      "use another --out or remove that folder")
 
 
-def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) -> dict:
+def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
+          jobs: int = 1) -> dict:
   """Trains (or resumes, or just loads) one run; returns its result dict.
 
   Every micro-batch is sharded along a ``data`` mesh axis over ``devices`` (default: every local
@@ -551,6 +552,8 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
     progress: optional ``tqdm``-like bar (``reset``, ``update``, ``set_postfix``) advanced by steps.
     devices: the devices of the data mesh (default ``jax.devices()``: every process's; the device
       pipeline uses the local ones).
+    jobs: runs trained at once on this host, this one included (a sweep's ``--jobs``), recorded
+      in the result: above 1, its seconds include the others' load.
   """
   run_dir = pathlib.Path(run_dir)
   config.validate()
@@ -697,7 +700,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None) 
       "val_steps": [i * config.eval_every for i in range(len(val_losses))],
       "val_losses": [float(x) for x in val_losses],
       "seconds": timing["seconds"], "compile_seconds": timing["compile_seconds"],
-      "steps_per_second": steady,
+      "steps_per_second": steady, "jobs": jobs,
       "overhead_seconds": {k: timing[f"{k}_seconds"] for k in ("build", "eval", "checkpoint")},
       "buffer_bytes": pipe.buffer_bytes(state),
       "num_params": model_lib.count_params(_params(pipe, state)),

@@ -98,7 +98,8 @@ def parse_args(argv=None):
                       "with the same numbers as one at a time (default on one host's CPU: one per "
                       "usable core; else 1). One run keeps little more than one core busy (many "
                       "small XLA ops), so on 2 cores two at a time finish a sweep about 1.4x sooner; "
-                      "each run's seconds per step (the wall-clock columns) include the others' load")
+                      "their seconds per step include the others' load, so the report then shows no "
+                      "wall-clock to target (--jobs 1 times every run alone)")
   parser.add_argument("--tune-lr", action="store_true", help="choose each method's peak learning "
                       "rate from the preset's grid with short runs at P = 1 (choice recorded)")
   return parser.parse_args(argv)
@@ -297,9 +298,9 @@ def _worker_start(ds) -> None:
   _WORKER_DATA = ds
 
 
-def _worker_train(config, run_dir) -> tuple[dict, float]:
+def _worker_train(config, run_dir, jobs) -> tuple[dict, float]:
   t0 = time.time()
-  return runs.train(config, _WORKER_DATA, run_dir), time.time() - t0
+  return runs.train(config, _WORKER_DATA, run_dir, jobs=jobs), time.time() - t0
 
 
 def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1) -> list:
@@ -332,7 +333,9 @@ def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1) -> list:
   pool = concurrent.futures.ProcessPoolExecutor(min(jobs, len(todo)), mp_context=spawn,
                                                 initializer=_worker_start, initargs=(ds,))
   try:
-    futures = {pool.submit(_worker_train, configs[i], run_dir_of(configs[i], ds, out)): i for i in todo}
+    workers = min(jobs, len(todo))
+    futures = {pool.submit(_worker_train, configs[i], run_dir_of(configs[i], ds, out), workers): i
+               for i in todo}
     for f in concurrent.futures.as_completed(futures):
       i = futures[f]
       results[i], seconds = f.result()

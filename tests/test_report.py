@@ -182,3 +182,19 @@ def test_diagnostics_section_averages_windows_per_stage_and_draws_them(tmp_path)
       "| rotation | 3 | weight_stashing | 2: 0.800, 1: 0.900, 0: 1.000 | 2: 0.10, 1: 0.10, 0: 0.00 |"]
   assert ctx.figures == ["diagnostics.png"] and (tmp_path / "diagnostics.png").stat().st_size > 0
   assert report.diagnostics_section(ctx, results[2:]) == []
+
+
+def test_wall_clock_comes_only_from_runs_timed_alone(tmp_path):
+  runs = main_study(1.5)
+  for r in runs:
+    r["steps_per_second"] = 100.0 if r["config"]["method"] == "rotation" else 200.0
+  alone = report.main_section(report.Context(tmp_path, WINDOW, runs, []), runs)[0]
+  table = "\n".join(alone[alone.index("## Wall-clock to the target at P (seconds)"):][:6])
+  iters = {r["stages"]: r["iters"] for r in report.study_rows(report.curves_by(runs), WINDOW)
+           if r["method"] == "rotation"}
+  assert f"| rotation | {iters[1] / 100.0:.0f} | {iters[4] / 100.0:.0f} |" in table
+  runs[0]["jobs"] = 2  # one run trained beside another: its seconds carry the other's load
+  timed = report.step_seconds_by(runs)
+  assert ("pipedream", 1) not in timed and ("rotation", 1) in timed
+  shared = report.main_section(report.Context(tmp_path, WINDOW, runs, []), runs)[0]
+  assert "Not measured: runs were trained 2 at a time (`--jobs`)" in "\n".join(shared)

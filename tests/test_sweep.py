@@ -28,6 +28,9 @@ def test_smoke_sweep_end_to_end(tmp_path):
     assert r["versions"]["host"] == {"cpu": runs.host()["cpu"], "cores": len(runs.usable_cores())}
   report = (out / "report.md").read_text()
   assert "| pipedream | 1.00 |" in report and "| rotation |" in report
+  # Runs trained two at a time are not timed alone: the report shows no wall-clock for them.
+  assert here["jobs"] == 1 and all(r["jobs"] == 2 for r in results)
+  assert "Not measured: runs were trained 2 at a time" in report
   assert len((out / "results.csv").read_text().strip().splitlines()) == 5
   # Running again skips every finished run (nothing recomputed), rewrites the report, and with
   # --publish copies it with its figures and table (a folder a reader can open).
