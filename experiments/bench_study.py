@@ -61,16 +61,18 @@ def floor_program(config: runs.RunConfig, ds):
   return jax.jit(lambda p, b: jax.lax.scan(step, p, b)[0]), params, batches
 
 
-def floor_rate(config: runs.RunConfig, ds, rounds: int = 3) -> float:
-  """Steps per second of ``floor_program`` (best of ``rounds`` after compiling)."""
+def floor_rate(config: runs.RunConfig, ds, rounds: int = 3) -> tuple[float, float]:
+  """``(steps per second, XLA's FLOPs per step)`` of ``floor_program`` (best of ``rounds`` after
+  compiling once)."""
   chunk, params, batches = floor_program(config, ds)
-  jax.block_until_ready(chunk(params, batches))
+  compiled = chunk.lower(params, batches).compile()
+  jax.block_until_ready(compiled(params, batches))
   best = float("inf")
   for _ in range(rounds):
     t0 = time.perf_counter()
-    jax.block_until_ready(chunk(params, batches))
+    jax.block_until_ready(compiled(params, batches))
     best = min(best, time.perf_counter() - t0)
-  return config.chunk / best
+  return config.chunk / best, runs.xla_flops(compiled)
 
 
 def account(result: dict, wall: float) -> dict:
@@ -141,12 +143,11 @@ def main(argv=None):
           f"{useful / wall / rate:.1%} of plain matmul; wall: {split}")
   # The floor: a study whose compilation, pipeline, optimizer and overheads cost nothing would run
   # every step at the rate of the model's forward + backward + SGD.
-  floor = floor_rate(configs[0], ds)
+  floor, floor_flops = floor_rate(configs[0], ds)
   steady = sum(r[0].steps - r[0].chunk for r in rows) / sum(r[3]["steady"] for r in rows)
   total = sum(r[0].steps for r in rows) / sum(r[1] for r in rows)
-  model_flops = flops_per_step(dataclasses.replace(configs[0], method="pipedream", stages=1), ds)
   print(f"floor (forward + backward + SGD of the model alone): {floor:.1f} steps/s, "
-        f"{floor * model_flops / rate:.1%} of plain matmul; the runs' steady steps reach "
+        f"{floor * floor_flops / rate:.1%} of plain matmul; the runs' steady steps reach "
         f"{steady / floor:.0%} of it, all runs {total / floor:.0%}: nothing but a faster model "
         f"forward and backward can make this study more than {floor / total:.2f}x faster")
 
