@@ -81,8 +81,9 @@ def parse_args(argv=None):
                       "device count must be a multiple of every P)")
   parser.add_argument("--fsdp", action="store_true", help="shard the emulated pipeline's state over "
                       "the data devices (fully sharded data parallelism) instead of replicating it")
+  groups = "; ".join(f"{k}: {v.description.rstrip('.')}" for k, v in ablations_lib.ABLATIONS.items())
   parser.add_argument("--ablations", nargs="*", help="ablation groups (default: the preset's): "
-                      + "; ".join(f"{k}: {v.description}" for k, v in ablations_lib.ABLATIONS.items()))
+                      + groups.replace("%", "%%"))  # argparse %-formats help strings
   parser.add_argument("--out", help="results folder (default results/<preset>)")
   parser.add_argument("--publish", help="also copy report.md, results.csv and the figures into this "
                       "folder (for example docs/results/cpu), after the report is written")

@@ -2,8 +2,11 @@
 
 import pathlib
 import re
+import runpy
+import sys
 
 import numpy as np
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -36,15 +39,30 @@ def test_ci_runs_the_readme_test_command():
   assert test_cmd.split("&& ", 1)[1] in ci  # the same install and pytest invocation
 
 
-def test_readme_modules_exist():
+def _readme_modules():
   found = re.findall(r"python -m ([a-z_]+(?:\.[a-z_]+)*)(?![.\w<])", README)  # not experiments.<tool>
   ours = ("experiments", "autodiff_demos", "rotation", "pipeline_sim")
-  modules = {m for m in found if m.split(".")[0] in ours}
-  assert {"experiments.sweep", "autodiff_demos", "experiments.hessian"} <= modules
+  return sorted({m for m in found if m.split(".")[0] in ours})
+
+
+def test_readme_modules_exist():
+  modules = _readme_modules()
+  assert {"experiments.sweep", "autodiff_demos", "experiments.hessian"} <= set(modules)
   for module in modules:
     path = ROOT / (module.replace(".", "/") + ".py")
     package = ROOT / module.replace(".", "/") / "__main__.py"
     assert path.exists() or package.exists(), module
+
+
+@pytest.mark.parametrize("module", _readme_modules())
+def test_readme_modules_answer_help(module, monkeypatch, capsys):
+  """``python -m <module> --help`` prints its usage and exits 0 (argparse formats every help
+  string with ``%``: a stray percent sign in one breaks the whole page)."""
+  monkeypatch.setattr(sys, "argv", [module, "--help"])
+  with pytest.raises(SystemExit) as exit_:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+  out = capsys.readouterr().out
+  assert exit_.value.code == 0 and out.startswith("usage:"), out[-500:]
 
 
 def test_generated_tables_equal_the_reports_they_name():
