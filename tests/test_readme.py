@@ -54,6 +54,7 @@ def test_readme_modules_exist():
     assert path.exists() or package.exists(), module
 
 
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # runpy on an imported module
 @pytest.mark.parametrize("module", _readme_modules())
 def test_readme_modules_answer_help(module, monkeypatch, capsys):
   """``python -m <module> --help`` prints its usage and exits 0 (argparse formats every help
