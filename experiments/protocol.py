@@ -177,27 +177,28 @@ def main(argv=None) -> pathlib.Path:
   jobs = sweep.resolve_jobs(args.jobs, preset.template)
   runs.code_version()
   t = preset.template
-  ds = data_lib.load(None, context=t.model_config(256).context)
-  out = sweep.prepare_out(pathlib.Path(args.out))
   top, window = args.top, preset.window()
   make = lambda m, p, s, **kw: dataclasses.replace(preset.config(m, p, s), **kw)
   study = settings(args, preset)
   grid = {(m, p): [preset.learning_rate(m) * g for g in sorted(args.lr_grid)]
           for m in args.lr_methods for p in (1, top)}
+  planned = {label: [make(m, p, s, **over) for s in seeds for m in args.methods for p in (1, top)]
+             for label, (over, seeds) in study.items()}
+  planned_lr = {(m, p, lr): [make(m, p, s, lr=lr) for s in args.seeds]
+                for (m, p), rates in grid.items() for lr in rates}
+  for c in [c for cs in (*planned.values(), *planned_lr.values()) for c in cs]:
+    c.validate()  # every planned run, before the first one trains
+  ds = data_lib.load(None, context=t.model_config(256).context)
+  out = sweep.prepare_out(pathlib.Path(args.out))
   t0 = time.time()
   with sweep.exclusive(out), tqdm(total=0, desc="protocol", unit="run", dynamic_ncols=True) as overall:
     def run_all(configs):
-      for c in configs:
-        c.validate()
       overall.total += len(configs)
       overall.refresh()
       return sweep.run_all(configs, ds, out, overall, jobs)
 
-    by_setting = {label: run_all([make(m, p, s, **over) for s in seeds for m in args.methods
-                                  for p in (1, top)])
-                  for label, (over, seeds) in study.items()}
-    lr_runs = {(m, p, lr): run_all([make(m, p, s, lr=lr) for s in args.seeds])
-               for (m, p), rates in grid.items() for lr in rates}
+    by_setting = {label: run_all(cs) for label, cs in planned.items()}
+    lr_runs = {key: run_all(cs) for key, cs in planned_lr.items()}
     for (m, p), rates in grid.items():  # a choice on the grid's edge: one more rate beyond it
       for _ in range(args.extend):
         lr, interior = choose({x: lr_runs[(m, p, x)] for x in rates})

@@ -168,6 +168,8 @@ class RunConfig:
     for name in ("eval_every", "checkpoint_every", "steps"):
       if getattr(self, name) % self.chunk:
         raise ValueError(f"{name}={getattr(self, name)} is not a multiple of chunk={self.chunk}")
+    if self.seed < 0:
+      raise ValueError(f"seed must be >= 0, got {self.seed}")
     if not self.lr > 0:
       raise ValueError(f"lr must be > 0, got {self.lr}")
     if not 0 <= self.warmup_fraction < 1 or not 0 < self.pipemare_fraction <= 1:

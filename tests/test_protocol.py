@@ -69,3 +69,10 @@ def test_bad_arguments_are_one_line_errors():
     protocol._validate(protocol.parse_args(["--warmup-delays", "0"]), preset)
   with pytest.raises(ValueError, match="--top must be >= 2, got 1"):
     protocol._validate(protocol.parse_args(["--top", "1"]), preset)
+
+
+def test_every_planned_run_is_checked_before_anything_is_written(tmp_path):
+  out = tmp_path / "protocol"  # a bad seed of the b2 study, which would train after the warm-up's runs
+  with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
+    protocol.main(["--preset", "smoke", "--top", "2", "--b2-seeds", "-1", "--out", str(out)])
+  assert not out.exists()

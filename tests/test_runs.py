@@ -218,3 +218,8 @@ def test_width_override_scales_heads_and_the_models_own_width_is_the_same_run():
   assert runs.run_name(wide, "x", 256) != runs.run_name(CONFIG, "x", 256)
   with pytest.raises(ValueError, match="width 40 must be a positive multiple of the model's head size 16"):
     dataclasses.replace(CONFIG, width=40).validate()
+
+
+def test_a_negative_seed_is_refused_by_name():
+  with pytest.raises(ValueError, match="seed must be >= 0, got -3"):
+    dataclasses.replace(CONFIG, seed=-3).validate()
