@@ -33,14 +33,21 @@ from experiments import presets as presets_lib
 PARTS = ("optimizer", "pipeline", "preset")
 
 
-def preset_runs(preset: presets_lib.Preset, steps: int, stages, methods, work: pathlib.Path) -> dict:
-  """Trains ``methods`` x ``stages`` of ``preset`` for ``steps`` (seed 0) and returns
-  ``{(method, P): {"steps_per_second", "first_chunk_seconds", "flops_per_step"}}``."""
+def preset_configs(preset: presets_lib.Preset, steps: int, stages, methods) -> list:
+  """The runs of the preset part (``methods`` x ``stages``, seed 0), each checked: a bad value fails
+  before the lease is spent on the other parts."""
   configs = [preset.config(m, p, 0, steps=steps) for m in methods for p in stages]
+  for config in configs:
+    config.validate()
+  return configs
+
+
+def preset_runs(configs, work: pathlib.Path) -> dict:
+  """Trains ``configs`` and returns
+  ``{(method, P): {"steps_per_second", "first_chunk_seconds", "flops_per_step"}}``."""
   ds = data_lib.default_corpus(configs[0].model_config(256).context)
   out = {}
   for config in configs:
-    config.validate()
     result = runs.train(config, ds, work / runs.run_name(config, ds.sha256, ds.vocab_size))
     out[(config.method, config.stages)] = {
         "steps_per_second": result["steps_per_second"],
@@ -77,6 +84,10 @@ def main(argv=None) -> dict:
   parser.add_argument("--matmul-sizes", nargs="+", type=int, default=[2048, 4096],
                       help="square matmul sizes of the reference FLOP rate (the best one counts)")
   args = parser.parse_args(argv)
+  if min(args.matmul_sizes) < 1:
+    raise ValueError(f"--matmul-sizes must be >= 1, got {args.matmul_sizes}")
+  configs = ([] if "preset" in args.skip else
+             preset_configs(presets_lib.PRESETS[args.preset], args.steps, args.stages, args.methods))
   print(f"backend {jax.default_backend()}: {jax.devices()[0].device_kind} x {jax.device_count()}",
         flush=True)
   t0 = time.perf_counter()
@@ -88,9 +99,8 @@ def main(argv=None) -> dict:
     print(f"[bench_pipeline done at {time.perf_counter() - t0:.0f}s]", flush=True)
   rows = {}
   if "preset" not in args.skip:
-    preset = presets_lib.PRESETS[args.preset]
     with tempfile.TemporaryDirectory(prefix="bench_accelerator_") as work:
-      rows = preset_runs(preset, args.steps, args.stages, args.methods, pathlib.Path(work))
+      rows = preset_runs(configs, pathlib.Path(work))
     rate = bench_optimizer.matmul_rate(args.matmul_sizes)
     for (method, p), row in sorted(rows.items()):
       print(f"{method} P={p}: {row['flops_per_step'] * row['steps_per_second'] / rate:.1%} of plain "
@@ -101,4 +111,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  from experiments import sweep  # one-line errors and Ctrl-C, as the sweep's
+
+  sweep.exit_process(sweep.cli(entry=main))

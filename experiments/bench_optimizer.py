@@ -225,4 +225,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  from experiments import sweep  # one-line errors and Ctrl-C, as the sweep's
+
+  sweep.exit_process(sweep.cli(entry=main))

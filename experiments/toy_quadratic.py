@@ -30,6 +30,10 @@ def hessian(angle_deg: float):
 
 def trajectory(tx, h, delay: int, steps: int = 200, sigma: float = 0.3, seed: int = 0):
   """Positions, losses and the against-descent indicator of a run with a stale-gradient FIFO."""
+  if steps < 1:
+    raise ValueError(f"steps must be >= 1, got {steps}")
+  if delay < 0:
+    raise ValueError(f"delay must be >= 0, got {delay}")
   h = jnp.asarray(h, jnp.float32)
   chol = jnp.linalg.cholesky(h)
   w = jnp.array([[1.5], [1.0]])  # a (2, 1) matrix: the left side carries the 2-D rotation
@@ -98,4 +102,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  from experiments import sweep  # one-line errors and Ctrl-C, as the sweep's
+
+  sweep.exit_process(sweep.cli(entry=main))

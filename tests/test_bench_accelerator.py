@@ -21,3 +21,15 @@ def test_the_preset_part_trains_every_run_and_prints_its_ratios(capsys):
 def test_an_unknown_part_is_refused():
   with pytest.raises(SystemExit):
     bench_accelerator.main(["--skip", "everything"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "steps must be >= 1, got 0"),
+    (["--stages", "1", "64"], "64 stages is more than the model's 32 blocks"),
+    (["--methods", "adamw"], "unknown method 'adamw'"),
+    (["--matmul-sizes", "0"], r"--matmul-sizes must be >= 1, got \[0\]"),
+])
+def test_bad_values_fail_before_any_part_runs(argv, message, capsys):
+  with pytest.raises(ValueError, match=message):
+    bench_accelerator.main(argv)
+  assert "backend" not in capsys.readouterr().out  # nothing started

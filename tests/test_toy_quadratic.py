@@ -1,5 +1,6 @@
 import numpy as np
 import optax
+import pytest
 
 import rotation
 from experiments import toy_quadratic as toy
@@ -24,3 +25,10 @@ def test_delay_hurts_adam_on_rotated_hessian_and_rotation_recovers():
   assert adam_stale[-1] > 5 * adam_fresh[-1]
   assert rot_stale[-1] < 0.5 * adam_stale[-1]
   assert 0.0 < against < 1.0
+
+
+@pytest.mark.parametrize("kw, message", [({"steps": 0}, "steps must be >= 1, got 0"),
+                                         ({"delay": -2}, "delay must be >= 0, got -2")])
+def test_bad_lengths_are_refused_by_name(kw, message):
+  with pytest.raises(ValueError, match=message):
+    toy.trajectory(optax.adam(0.1), toy.hessian(0.0), **{"delay": 1, **kw})
