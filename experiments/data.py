@@ -164,6 +164,12 @@ def load(path, context: int, vocab_size: int | None = None, valid_fraction: floa
   return text_file(path, context, valid_fraction)
 
 
+def check_bpe_vocab(vocab_size: int) -> None:
+  """A byte-level BPE vocabulary holds the 256 bytes and at least one merge, in 16-bit token ids."""
+  if not 256 < vocab_size <= 2**16:
+    raise ValueError(f"BPE vocabulary must be in (256, 65536], got {vocab_size}")
+
+
 def bpe_token_file(raw: bytes, vocab_size: int, out_dir, valid_fraction: float = 0.1) -> pathlib.Path:
   """Trains a byte-level BPE tokenizer offline on ``raw``'s training split and writes the whole text
   as a uint16 token file beside it (``bpe<V>.json``, ``bpe<V>.bin``); an existing pair is reused.
@@ -173,8 +179,7 @@ def bpe_token_file(raw: bytes, vocab_size: int, out_dir, valid_fraction: float =
   """
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-  if not 256 < vocab_size <= 2**16:
-    raise ValueError(f"BPE vocabulary must be in (256, 65536], got {vocab_size}")
+  check_bpe_vocab(vocab_size)
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   json_path, bin_path = out_dir / f"bpe{vocab_size}.json", out_dir / f"bpe{vocab_size}.bin"

@@ -67,12 +67,30 @@ def _rows(results, window):
   return {(r["method"], r["stages"]): r for r in rows}
 
 
+def check(args, preset) -> None:
+  """Every run the study will train, checked before the first one trains (at the methods' base
+  rates: the rates chosen at P = 1 come later, each a multiple of a checked one)."""
+  if args.top < 2:
+    raise ValueError(f"--top must be >= 2, got {args.top}")
+  data_lib.check_bpe_vocab(args.bpe_vocab)
+  base = {m: BASE_LR.get(m, preset.learning_rate(m)) for m in args.methods}
+  for m in args.methods:
+    for g in args.grid:
+      _config(preset, m, 1, 0, args.base, lr=base[m] * g)
+  for steps, kw in [(n, {}) for n in args.lengths + [args.factor_steps]] + [
+      (args.factor_steps, {"context": args.context})]:
+    for s in args.seeds:
+      for m in args.methods:
+        for p in (1, args.top):
+          _config(preset, m, p, s, steps, lr=base[m], **kw)
+
+
 def main(argv=None) -> pathlib.Path:
   args = parse_args(argv)
+  if args.preset not in presets.PRESETS:
+    raise ValueError(f"unknown preset {args.preset!r}; choose from {sorted(presets.PRESETS)}")
   preset = presets.PRESETS[args.preset]
-  for n in args.lengths + [args.base, args.factor_steps]:
-    if n % preset.template.chunk:
-      raise ValueError(f"length {n} is not a multiple of the chunk {preset.template.chunk}")
+  check(args, preset)
   out = sweep.prepare_out(pathlib.Path(args.out))
   context = preset.template.model_config(256).context
   byte_ds = data_lib.default_corpus(max(context, args.context))

@@ -165,9 +165,12 @@ class RunConfig:
     for name in ("steps", "batch_size", "chunk", "eval_every", "eval_batches", "checkpoint_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-    for name in ("eval_every", "checkpoint_every", "steps"):
+    for name in ("steps", "eval_every", "checkpoint_every"):
       if getattr(self, name) % self.chunk:
         raise ValueError(f"{name}={getattr(self, name)} is not a multiple of chunk={self.chunk}")
+    for name in ("context", "num_blocks"):  # None: the model's own
+      if getattr(self, name) is not None and getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
     if self.seed < 0:
       raise ValueError(f"seed must be >= 0, got {self.seed}")
     if not self.lr > 0:

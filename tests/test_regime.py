@@ -4,6 +4,7 @@ import argparse
 import json
 
 import numpy as np
+import pytest
 
 from experiments import presets, regime
 
@@ -34,3 +35,21 @@ def test_tables_show_the_known_slowdowns(tmp_path):
   rows = {(r["method"], r["stages"]): r for r in json.loads(
       (tmp_path / "regime.json").read_text())["by_length"]["1200"]}
   assert abs(rows[("rotation", 16)]["fewer"] - 50.0) < 1.0  # half the iterations of PipeDream
+
+
+SMALL = ["--preset", "smoke", "--top", "2", "--methods", "pipedream", "--grid", "1", "--base", "20",
+         "--lengths", "20", "--factor-steps", "20"]  # the later flags of each case override these
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--factor-steps", "0"], "steps must be >= 1, got 0"),  # runs that would train last
+    (["--lengths", "20", "25"], "steps=25 is not a multiple of chunk=10"),
+    (["--context", "0"], "context must be >= 1, got 0"),
+    (["--top", "1"], "--top must be >= 2, got 1"),
+    (["--bpe-vocab", "200"], r"BPE vocabulary must be in \(256, 65536\], got 200"),
+])
+def test_every_planned_run_is_checked_before_anything_is_written(argv, message, tmp_path):
+  out = tmp_path / "regime"
+  with pytest.raises(ValueError, match=message):
+    regime.main(SMALL + argv + ["--out", str(out)])
+  assert not out.exists()

@@ -220,6 +220,8 @@ def test_width_override_scales_heads_and_the_models_own_width_is_the_same_run():
     dataclasses.replace(CONFIG, width=40).validate()
 
 
-def test_a_negative_seed_is_refused_by_name():
-  with pytest.raises(ValueError, match="seed must be >= 0, got -3"):
-    dataclasses.replace(CONFIG, seed=-3).validate()
+@pytest.mark.parametrize("field, value", [("seed", -3), ("context", 0), ("num_blocks", 0)])
+def test_bad_values_are_refused_by_name(field, value):
+  lower = 0 if field == "seed" else 1
+  with pytest.raises(ValueError, match=f"{field} must be >= {lower}, got {value}"):
+    dataclasses.replace(CONFIG, **{field: value}).validate()
