@@ -67,9 +67,10 @@ def _rows(results, window):
   return {(r["method"], r["stages"]): r for r in rows}
 
 
-def check(args, preset) -> None:
+def check(args, preset) -> dict:
   """Every run the study will train, checked before the first one trains (at the methods' base
-  rates: the rates chosen at P = 1 come later, each a multiple of a checked one)."""
+  rates: the rates chosen at P = 1 come later, each a multiple of a checked one). Returns the base
+  rate of each method."""
   if args.top < 2:
     raise ValueError(f"--top must be >= 2, got {args.top}")
   data_lib.check_bpe_vocab(args.bpe_vocab)
@@ -83,6 +84,7 @@ def check(args, preset) -> None:
       for m in args.methods:
         for p in (1, args.top):
           _config(preset, m, p, s, steps, lr=base[m], **kw)
+  return base
 
 
 def main(argv=None) -> pathlib.Path:
@@ -90,7 +92,7 @@ def main(argv=None) -> pathlib.Path:
   if args.preset not in presets.PRESETS:
     raise ValueError(f"unknown preset {args.preset!r}; choose from {sorted(presets.PRESETS)}")
   preset = presets.PRESETS[args.preset]
-  check(args, preset)
+  base_lr = check(args, preset)
   out = sweep.prepare_out(pathlib.Path(args.out))
   context = preset.template.model_config(256).context
   byte_ds = data_lib.default_corpus(max(context, args.context))
@@ -107,7 +109,7 @@ def main(argv=None) -> pathlib.Path:
     # 1. Learning rates at P = 1 (base length, bytes).
     chosen, trials = {}, {}
     for m in args.methods:
-      base = BASE_LR.get(m, preset.learning_rate(m))
+      base = base_lr[m]
       configs = [_config(preset, m, 1, 0, args.base, lr=base * g) for g in args.grid]
       finals = {c.lr: report.final_loss(r, preset.window(args.base))
                 for c, r in zip(configs, runs_of(configs, byte_ds))}
