@@ -79,12 +79,21 @@ class BasisRotationState(NamedTuple):
   inner_state: optax.OptState  # inner's state over (unrotated leaves, one (k, m, n) stack per group).
 
 
+def _check_decay(name: str, value) -> None:
+  """A decay rate given as a Python number must lie in [0, 1) (one traced by
+  ``optax.inject_hyperparams`` is not known at construction)."""
+  if isinstance(value, (int, float)) and not 0 <= value < 1:
+    raise ValueError(f"{name} must be in [0, 1), got {value}")
+
+
 def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
   """Adam with the paper's bias correction, ``sqrt(1 - b2^t) / (1 - b1^t) * mu / (sqrt(nu) + eps)``.
 
   This differs from ``optax.scale_by_adam`` only in where ``eps`` sits relative to the bias
   correction. Moments are float32; the state is ``optax.ScaleByAdamState`` (fields ``mu``, ``nu``).
   """
+  _check_decay("b1", b1)
+  _check_decay("b2", b2)
 
   def init_fn(params):
     _check_float_leaves(params)
@@ -377,6 +386,8 @@ def scale_by_basis_rotation(
     raise ValueError(f"freeze_after must be None or a Python int >= 1, got {freeze_after!r}")
   if isinstance(eps, (int, float)) and eps < 0:
     raise ValueError(f"eps must be >= 0, got {eps}")
+  for name, value in (("b1", b1), ("b2", b2), ("shampoo_beta", shampoo_beta)):
+    _check_decay(name, value)
   if isinstance(max_precond_dim, bool) or not isinstance(max_precond_dim, int) or max_precond_dim < 0:
     raise ValueError(f"max_precond_dim must be a Python int >= 0 (with optax.inject_hyperparams, "
                      f"list it in static_args), got {max_precond_dim!r}")

@@ -402,10 +402,18 @@ def test_flax_nnx_optimizer_on_transformer():
     ({"refresh_every": {"w": -2}}, "got -2"),
     ({"eps": -1e-8}, "eps must be >= 0, got -1e-08"),
     ({"orthonormalization": "svd"}, "unknown orthonormalization 'svd'"),
+    ({"b1": 1.0}, r"b1 must be in \[0, 1\), got 1.0"),
+    ({"b2": -0.5}, r"b2 must be in \[0, 1\), got -0.5"),
+    ({"shampoo_beta": 2.0}, r"shampoo_beta must be in \[0, 1\), got 2.0"),
 ])
 def test_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
     rotation.scale_by_basis_rotation(**kwargs)
+  if set(kwargs) <= {"b1", "b2"}:  # the alias and the plain Adam refuse them too
+    with pytest.raises(ValueError, match=match):
+      rotation.basis_rotation(1e-3, **kwargs)
+    with pytest.raises(ValueError, match=match):
+      rotation.scale_by_adam(**kwargs)
 
 
 def test_mask_structure_mismatch():
