@@ -9,6 +9,7 @@ puts such parts back together.
 from __future__ import annotations
 
 import jax
+import optax
 
 
 def stage_delays(num_stages: int) -> tuple[int, ...]:
@@ -26,6 +27,20 @@ def num_stages_of(labels) -> int:
     raise ValueError(f"stage labels must be a non-empty tree of ints >= 0, got "
                      f"{bad[0] if bad else 'no leaves'!r}")
   return max(flat) + 1
+
+
+def stage_optimizers(optimizer, num_stages: int) -> tuple:
+  """Stage k's optimizer: one ``optax.GradientTransformation`` copied to every stage, or a sequence
+  of one per stage (checked: count and type)."""
+  if isinstance(optimizer, optax.GradientTransformation):  # (itself a NamedTuple)
+    return (optimizer,) * num_stages
+  if isinstance(optimizer, (str, bytes)) or not all(
+      isinstance(o, optax.GradientTransformation) for o in optimizer):
+    raise TypeError("optimizer must be an optax.GradientTransformation or a sequence of one per "
+                    f"stage, got {optimizer!r}")
+  if len(optimizer) != num_stages:
+    raise ValueError(f"got {len(optimizer)} optimizers for {num_stages} stages")
+  return tuple(optimizer)
 
 
 def check_labels(params, labels, num_stages: int) -> None:

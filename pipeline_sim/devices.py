@@ -44,7 +44,14 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pipeline_sim import buffers as rb
-from pipeline_sim.delays import check_labels, merge_stages, num_stages_of, split_stages, stage_delays
+from pipeline_sim.delays import (
+  check_labels,
+  merge_stages,
+  num_stages_of,
+  split_stages,
+  stage_delays,
+  stage_optimizers,
+)
 from pipeline_sim.gradients import Staged
 
 STAGE, DATA = "stage", "data"
@@ -155,10 +162,7 @@ class DevicePipeline:
     num_stages = num_stages_of(labels)
     if len(staged.stage_fns) != num_stages:
       raise ValueError(f"got {len(staged.stage_fns)} stage functions for {num_stages} stages")
-    if isinstance(optimizer, optax.GradientTransformation):
-      optimizer = (optimizer,) * num_stages
-    if len(optimizer) != num_stages:
-      raise ValueError(f"got {len(optimizer)} optimizers for {num_stages} stages")
+    optimizer = stage_optimizers(optimizer, num_stages)
     self.mesh = pipeline_mesh(num_stages) if mesh is None else mesh
     if tuple(self.mesh.axis_names) != (STAGE, DATA) or self.mesh.shape[STAGE] != num_stages:
       raise ValueError(f"the mesh must have axes ({STAGE!r}, {DATA!r}) with {num_stages} entries on "

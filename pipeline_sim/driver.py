@@ -36,7 +36,14 @@ import numpy as np
 import optax
 
 from pipeline_sim import buffers as rb
-from pipeline_sim.delays import check_labels, merge_stages, num_stages_of, split_stages, stage_delays
+from pipeline_sim.delays import (
+  check_labels,
+  merge_stages,
+  num_stages_of,
+  split_stages,
+  stage_delays,
+  stage_optimizers,
+)
 from pipeline_sim.gradients import Staged, no_stashing_value_and_grad
 
 MODES = ("weight_stashing", "stale_gradients", "no_stashing")
@@ -87,14 +94,12 @@ class Pipeline:
       if staged is None:
         raise ValueError("give loss_fn or staged")
       loss_fn = lambda params, batch: staged.loss(split_stages(params, labels, num_stages), batch)
-    single = isinstance(optimizer, optax.GradientTransformation)  # (itself a NamedTuple)
-    if not single and len(optimizer) != num_stages:
-      raise ValueError(f"got {len(optimizer)} optimizers for {num_stages} stages")
+    self.optimizers = stage_optimizers(optimizer, num_stages)
+    single = isinstance(optimizer, optax.GradientTransformation)
     if merged and (not single or mode == "stale_gradients"):
       raise ValueError("merged=True runs one optimizer over every stage at every step: it needs one "
                        f"optimizer and mode 'weight_stashing' or 'no_stashing' (got mode {mode!r}"
                        f"{'' if single else f' and {len(optimizer)} optimizers'})")
-    self.optimizers = (optimizer,) * num_stages if single else tuple(optimizer)
     self.merged = merged
     self.loss_fn, self.labels, self.num_stages = loss_fn, labels, num_stages
     self.mode, self.staged, self.grad_norms = mode, staged, grad_norms

@@ -285,6 +285,9 @@ def test_bad_input():
     ps.Pipeline(loss_fn, optax.sgd(1.0), labels, "no_stashing")
   with pytest.raises(ValueError, match="got 3 optimizers for 2 stages"):
     ps.Pipeline(loss_fn, [optax.sgd(1.0)] * 3, labels)
+  for bad in ("adam", [optax.sgd(1.0), "adam"]):  # a string was taken for a list of 4 optimizers
+    with pytest.raises(TypeError, match="optimizer must be an optax.GradientTransformation"):
+      ps.Pipeline(loss_fn, bad, labels)
   pipe = ps.Pipeline(loss_fn, optax.sgd(1.0), {"w": [1]})
   with pytest.raises(ValueError, match="do not cover the parameters"):
     pipe.init(params)
