@@ -53,6 +53,10 @@ def main(argv=None) -> int:
   parser.add_argument("--markdown", type=pathlib.Path, help="also write the report as Markdown here")
   parser.add_argument("--plots", type=pathlib.Path, help="write PNG figures into this folder")
   args = parser.parse_args(argv)
+  if args.plots is not None and args.plots.exists() and not args.plots.is_dir():
+    parser.error(f"--plots {str(args.plots)!r} is a file, not a folder")
+  if args.markdown is not None and args.markdown.is_dir():
+    parser.error(f"--markdown {str(args.markdown)!r} is a folder, not a file")
   t0 = time.time()
   hvp_table = hvp.core_comparison()
   ckpt_rows = checkpointing.measure()

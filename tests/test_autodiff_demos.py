@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from autodiff_demos import chain_order, checkpointing, costs, hvp, jvp_vjp, layers, modes, report
 
@@ -120,3 +121,17 @@ def test_figures_are_written(tmp_path):
   ckpt = [{"depth": d, "plain_bytes": 100 * d, "ckpt_bytes": 100 * d**0.5} for d in (16, 64, 144)]
   assert plots(tmp_path, table, ckpt) == ["cost_vs_n.png", "memory_vs_depth.png"]
   assert all((tmp_path / f).stat().st_size > 0 for f in ("cost_vs_n.png", "memory_vs_depth.png"))
+
+
+def test_bad_output_paths_fail_before_the_measurements(tmp_path, capsys):
+  from autodiff_demos.__main__ import main
+
+  a_file, a_folder = tmp_path / "figures", tmp_path / "report"
+  a_file.write_text("")
+  a_folder.mkdir()
+  for argv, message in ((["--plots", str(a_file)], "is a file, not a folder"),
+                        (["--markdown", str(a_folder)], "is a folder, not a file")):
+    with pytest.raises(SystemExit) as exit_:
+      main(argv)
+    err = capsys.readouterr()
+    assert exit_.value.code == 2 and message in err.err and "passed" not in err.out
