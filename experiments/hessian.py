@@ -33,7 +33,7 @@ import numpy as np
 import pipeline_sim as ps
 import rotation
 from experiments import data as data_lib
-from experiments import runs
+from experiments import runs, sweep
 
 
 def mm(a, b):
@@ -239,6 +239,8 @@ def main(argv=None):
                       "entries are measured exactly from HVPs (default 4096), larger ones estimated")
   parser.add_argument("--markdown", help="also write the table (with the command) to this file")
   args = parser.parse_args(argv)
+  if args.markdown:
+    sweep.check_file(pathlib.Path(args.markdown), "--markdown")
   by_run = {}
   for run_dir in map(pathlib.Path, args.run_dirs):
     rows = analyse(run_dir, samples=args.samples, data_path=args.data, exact_limit=args.exact_limit)
@@ -256,6 +258,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  from experiments import sweep  # one-line errors and Ctrl-C, as the sweep's
-
   sweep.exit_process(sweep.cli(entry=main))

@@ -47,7 +47,7 @@ import scipy.linalg
 
 import pipeline_sim as ps
 import rotation
-from experiments import hessian, runs
+from experiments import hessian, runs, sweep
 
 OPTIMIZERS = ("adam", "rotation", "oracle")
 
@@ -253,13 +253,12 @@ def main(argv=None):
   if args.steps < max(Study.taus) + 2:
     raise ValueError(f"--steps must exceed the largest delay {max(Study.taus)} + 1, got {args.steps}")
   study = Study(steps=args.steps, seeds=tuple(args.seeds))
-  got = run(study, pathlib.Path(args.out), argv=list(sys.argv[1:] if argv is None else argv))
+  out = sweep.prepare_out(pathlib.Path(args.out))
+  got = run(study, out, argv=list(sys.argv[1:] if argv is None else argv))
   print("\n".join(table(study, got)))
   print(f"identity check (Adam vs Adam in the identity basis, theta = 0): max |diff| "
         f"{got['identity_check']:.2e}; {got['seconds']:.0f} s; written {args.out}/report.md")
 
 
 if __name__ == "__main__":
-  from experiments import sweep  # one-line errors and Ctrl-C, as the sweep's
-
   sweep.exit_process(sweep.cli(entry=main))

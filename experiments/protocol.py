@@ -174,6 +174,8 @@ def main(argv=None) -> pathlib.Path:
     raise ValueError(f"unknown preset {args.preset!r}; choose from {sorted(presets.PRESETS)}")
   preset = presets.PRESETS[args.preset]
   _validate(args, preset)
+  if args.publish:
+    sweep.check_folder(pathlib.Path(args.publish), "--publish")
   jobs = sweep.resolve_jobs(args.jobs, preset.template)
   runs.code_version()
   t = preset.template

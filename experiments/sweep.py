@@ -363,10 +363,23 @@ def _run(config, ds, out, overall):
   return result
 
 
+def check_folder(path: pathlib.Path, flag: str) -> pathlib.Path:
+  """A folder the tool writes into (perhaps hours later): a file in its place is an error now."""
+  if path.exists() and not path.is_dir():
+    raise ValueError(f"{flag} {str(path)!r} is a file, not a folder")
+  return path
+
+
+def check_file(path: pathlib.Path, flag: str) -> pathlib.Path:
+  """A file the tool writes (perhaps hours later): a folder in its place is an error now."""
+  if path.is_dir():
+    raise ValueError(f"{flag} {str(path)!r} is a folder, not a file")
+  return path
+
+
 def prepare_out(path: pathlib.Path) -> pathlib.Path:
   """Creates the results folder; a clear error when that is impossible."""
-  if path.exists() and not path.is_dir():
-    raise ValueError(f"--out {str(path)!r} is a file, not a folder")
+  check_folder(path, "--out")
   if runs.is_primary():  # several processes share the folder: process 0 writes, the others wait
     try:
       path.mkdir(parents=True, exist_ok=True)
@@ -456,6 +469,8 @@ def main(argv=None) -> pathlib.Path:
   runs.code_version()  # read now (cached): a commit made while the sweep runs is not this code
   runs.initialize_distributed()  # several hosts: see the README's "Many devices"
   plan = make_plan(args)
+  if args.publish:
+    check_folder(pathlib.Path(args.publish), "--publish")
   preset = plan.preset
   contexts = {c.model_config(256).context for c in plan.main} | {
       c.model_config(256).context for _, c in plan.ablations}

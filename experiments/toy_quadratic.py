@@ -18,6 +18,7 @@ import numpy as np
 import optax
 
 import rotation
+from experiments import sweep
 
 EIGS = (1.0, 25.0)
 
@@ -93,7 +94,7 @@ def main(argv=None):
   parser.add_argument("--delay", type=int, default=8)
   parser.add_argument("--steps", type=int, default=200)
   args = parser.parse_args(argv)
-  rows = run(pathlib.Path(args.out), args.delay, steps=args.steps)
+  rows = run(sweep.check_file(pathlib.Path(args.out), "--out"), args.delay, steps=args.steps)
   print("| Hessian | delay | method | final loss | updates against descent |")
   print("|---|---|---|---|---|")
   for angle, tau, name, final, against in rows:
@@ -102,6 +103,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  from experiments import sweep  # one-line errors and Ctrl-C, as the sweep's
-
   sweep.exit_process(sweep.cli(entry=main))

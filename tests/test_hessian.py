@@ -95,6 +95,10 @@ def test_bad_run_folders_are_one_line_errors(tmp_path, capsys):
     assert sweep.cli([str(path)], entry=hessian.main) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(match, err), err
+  # a folder as the table's file: refused before any run is read
+  assert sweep.cli([str(tmp_path / "nope"), "--markdown", str(tmp_path)], entry=hessian.main) == 2
+  err = capsys.readouterr().err
+  assert "--markdown" in err and "is a folder, not a file" in err, err
 
 
 def test_table_has_one_row_per_run_and_matrix():

@@ -1,6 +1,7 @@
 """The controlled misalignment x delay study (experiments/misalignment.py) on a tiny grid."""
 
 import numpy as np
+import pytest
 
 from experiments import misalignment as mis
 
@@ -41,3 +42,9 @@ def test_a_tiny_study_writes_its_table_and_figure(tmp_path):
   assert got["identity_check"] == 0.0  # Adam and Adam in the identity basis: one trajectory
   assert "| adam | 0 |" in (tmp_path / "report.md").read_text()
   assert set(got["slopes"]) == {f"{n}/0" for n in mis.OPTIMIZERS}
+
+
+def test_a_file_as_output_folder_is_refused_before_the_study(tmp_path):
+  (tmp_path / "file").write_text("")
+  with pytest.raises(ValueError, match="--out .* is a file, not a folder"):
+    mis.main(["--out", str(tmp_path / "file")])

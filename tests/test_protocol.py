@@ -76,3 +76,11 @@ def test_every_planned_run_is_checked_before_anything_is_written(tmp_path):
   with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
     protocol.main(["--preset", "smoke", "--top", "2", "--b2-seeds", "-1", "--out", str(out)])
   assert not out.exists()
+
+
+def test_a_file_as_publish_folder_fails_before_anything_is_written(tmp_path):
+  (tmp_path / "file").write_text("")
+  with pytest.raises(ValueError, match="--publish .* is a file, not a folder"):
+    protocol.main(["--preset", "smoke", "--top", "2", "--publish", str(tmp_path / "file"),
+                   "--out", str(tmp_path / "protocol")])
+  assert not (tmp_path / "protocol").exists()

@@ -130,6 +130,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
   (tmp_path / "file").write_text("")
   cases = [
       (["--out", str(tmp_path / "file")], "is a file, not a folder"),
+      (["--publish", str(tmp_path / "file")], "--publish '" + str(tmp_path / "file") + "' is a file"),
       (["--seeds", "0", "0"], "--seeds has duplicates"),
       (["--seeds", "-1"], "--seeds must be >= 0"),
       (["--vocab-size", "0", "--data", str(tmp_path / "t.bin")], "does not exist"),

@@ -32,3 +32,8 @@ def test_delay_hurts_adam_on_rotated_hessian_and_rotation_recovers():
 def test_bad_lengths_are_refused_by_name(kw, message):
   with pytest.raises(ValueError, match=message):
     toy.trajectory(optax.adam(0.1), toy.hessian(0.0), **{"delay": 1, **kw})
+
+
+def test_a_folder_as_figure_path_is_refused_before_the_runs(tmp_path):
+  with pytest.raises(ValueError, match="--out .* is a folder, not a file"):
+    toy.main(["--out", str(tmp_path)])
