@@ -7,6 +7,7 @@ show the seed-averaged loss curves.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import csv
 import dataclasses
@@ -612,11 +613,19 @@ def sync_readme(readme: pathlib.Path) -> list:
   return changed
 
 
-if __name__ == "__main__":
-  import argparse
-
+def main(argv=None) -> list:
   parser = argparse.ArgumentParser(prog="python -m experiments.report", description="Rewrites the "
                                    "README's generated tables from the published reports they name.")
   parser.add_argument("--readme", default="README.md", help="the README (default README.md)")
-  changed = sync_readme(pathlib.Path(parser.parse_args().readme))
+  readme = pathlib.Path(parser.parse_args(argv).readme)
+  if not readme.is_file():
+    raise ValueError(f"--readme {str(readme)!r} is not a file")
+  changed = sync_readme(readme)
   print("\n".join(f"updated: {p}, section {h!r}" for p, h in changed) or "up to date")
+  return changed
+
+
+if __name__ == "__main__":
+  from experiments import sweep  # one-line errors, as the sweep's
+
+  sweep.exit_process(sweep.cli(entry=main))

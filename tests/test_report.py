@@ -164,6 +164,8 @@ def test_sync_readme_rewrites_only_stale_generated_blocks(tmp_path):
   readme.write_text(block.replace("Claims", "Missing"))
   with pytest.raises(ValueError, match="no section '## Missing'"):
     report.sync_readme(readme)
+  with pytest.raises(ValueError, match="--readme .*nope.md' is not a file"):
+    report.main(["--readme", str(tmp_path / "nope.md")])
 
 
 def test_diagnostics_section_averages_windows_per_stage_and_draws_them(tmp_path):
