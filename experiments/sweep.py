@@ -331,10 +331,10 @@ def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1) -> list:
   if not todo:
     return results
   spawn = multiprocessing.get_context("spawn")
-  pool = concurrent.futures.ProcessPoolExecutor(min(jobs, len(todo)), mp_context=spawn,
+  workers = min(jobs, len(todo))
+  pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn,
                                                 initializer=_worker_start, initargs=(ds,))
   try:
-    workers = min(jobs, len(todo))
     futures = {pool.submit(_worker_train, configs[i], run_dir_of(configs[i], ds, out), workers): i
                for i in todo}
     for f in concurrent.futures.as_completed(futures):
