@@ -81,23 +81,40 @@ def _householder(a):
   return jnp.linalg.qr(a, mode="complete")[0]
 
 
-@jax.custom_batching.custom_vmap
-def _cholesky_qr_square(a):
-  q, good = _cholesky_qr_passes(a, 3)
+def _cholesky_qr_checked(a, passes: int = 3):
+  """Cholesky-QR with the Householder fallback, per matrix (``lax.cond``)."""
+  q, good = _cholesky_qr_passes(a, passes)
   return jax.lax.cond(good, lambda: q, lambda: _householder(a))
 
 
-@_cholesky_qr_square.def_vmap
+@jax.custom_batching.custom_vmap
+def _cholesky_qr_batchable(a):
+  return _cholesky_qr_checked(a)
+
+
+@_cholesky_qr_batchable.def_vmap
 def _cholesky_qr_square_batched(axis_size, in_batched, a):
   """Under ``vmap``: Householder QR of the whole batch only if some matrix needs the fallback
   (``lax.cond`` on the batch's verdict), instead of the per-matrix ``cond`` that ``vmap`` would
   turn into a ``select`` computing QR for every matrix on every call."""
   del axis_size
   if not in_batched[0]:
-    return _cholesky_qr_square(a), False
+    return _cholesky_qr_batchable(a), False
   q, good = _cholesky_qr_passes(a, 3)
   fallback = lambda: jnp.where(good[:, None, None], q, jax.vmap(_householder)(a))
   return jax.lax.cond(jnp.all(good), lambda: q, fallback), True
+
+
+@jax.custom_jvp
+def _cholesky_qr_square(a):
+  """The batched-cond version for evaluation; derivatives from the per-matrix one (``custom_vmap``
+  has no rule for linearisation, so reverse mode would fail without this)."""
+  return _cholesky_qr_batchable(a)
+
+
+@_cholesky_qr_square.defjvp
+def _cholesky_qr_square_jvp(primals, tangents):
+  return jax.jvp(_cholesky_qr_checked, primals, tangents)
 
 
 def cholesky_qr(a, passes: int = 3):
@@ -118,8 +135,7 @@ def cholesky_qr(a, passes: int = 3):
   if n < k:  # tall: the completing columns are Householder's choice (the paper's), so QR it is
     return _householder(a)
   if passes != 3:
-    q, good = _cholesky_qr_passes(a, passes)
-    return jax.lax.cond(good, lambda: q, lambda: _householder(a))
+    return _cholesky_qr_checked(a, passes)
   return _cholesky_qr_square(a)
 
 

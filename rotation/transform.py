@@ -27,7 +27,9 @@ whatever the parameter dtype; updates are returned in the gradient's dtype.
 
 Non-finite gradients: they propagate into the moments and statistics exactly as in Adam (use
 ``optax.apply_if_finite`` to skip such steps, which leaves this state untouched); a basis refresh
-whose result is not finite keeps the previous basis and moments instead of installing NaNs.
+whose input or result is not finite keeps the previous basis and moments instead of installing
+NaNs, and never hands the non-finite values to a decomposition (LAPACK's SVD can loop for ever on
+inf mixed with finite values), so an inf or NaN at any step, the first included, returns.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from optax import tree_utils as otu
 
@@ -79,11 +82,33 @@ class BasisRotationState(NamedTuple):
   inner_state: optax.OptState  # inner's state over (unrotated leaves, one (k, m, n) stack per group).
 
 
+def _concrete(name: str, value) -> float | None:
+  """``value`` as a Python float when it is known at construction (a Python or NumPy number, a 0-d
+  array), ``None`` when it is traced (``optax.inject_hyperparams``); anything else is refused."""
+  if isinstance(value, (str, bytes)) or np.ndim(value) != 0:
+    raise TypeError(f"{name} must be a real scalar, got {value!r}")
+  if isinstance(value, jax.core.Tracer):
+    return None
+  try:
+    if np.iscomplexobj(value):
+      raise TypeError
+    return float(value)
+  except (TypeError, ValueError):
+    raise TypeError(f"{name} must be a real scalar, got {value!r}") from None
+
+
 def _check_decay(name: str, value) -> None:
-  """A decay rate given as a Python number must lie in [0, 1) (one traced by
-  ``optax.inject_hyperparams`` is not known at construction)."""
-  if isinstance(value, (int, float)) and not 0 <= value < 1:
-    raise ValueError(f"{name} must be in [0, 1), got {value}")
+  """A decay rate known at construction must lie in [0, 1) (one traced by
+  ``optax.inject_hyperparams`` is not known then)."""
+  v = _concrete(name, value)
+  if v is not None and not 0 <= v < 1:
+    raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+
+
+def _check_learning_rate(value) -> None:
+  """A learning rate is a real scalar or a schedule (a callable of the step)."""
+  if not callable(value):
+    _concrete("learning_rate", value)
 
 
 def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
@@ -246,10 +271,11 @@ def _random_bases(key, plan):
 def _check_float_leaves(params):
   """A non-float leaf would get its update cast to an integer (zero, or a wrong step)."""
   for path, x in jax.tree_util.tree_leaves_with_path(params):
-    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
       raise TypeError(f"parameter {jax.tree_util.keystr(path) or 'leaf'} has dtype "
-                      f"{jnp.result_type(x)}: this optimizer updates floating-point leaves only "
-                      "(freeze integer leaves, e.g. with optax.masked or optax.set_to_zero)")
+                      f"{jnp.result_type(x)}: this optimizer updates real floating-point leaves only "
+                      "(freeze integer leaves, e.g. with optax.masked or optax.set_to_zero; a complex "
+                      "parameter can be kept as two real ones)")
 
 
 def _check_int_periods(refresh_every):
@@ -384,10 +410,12 @@ def scale_by_basis_rotation(
   if freeze_after is not None and (isinstance(freeze_after, bool) or not isinstance(freeze_after, int)
                                    or freeze_after < 1):
     raise ValueError(f"freeze_after must be None or a Python int >= 1, got {freeze_after!r}")
-  if isinstance(eps, (int, float)) and eps < 0:
-    raise ValueError(f"eps must be >= 0, got {eps}")
+  eps_value = _concrete("eps", eps)
+  if eps_value is not None and eps_value < 0:
+    raise ValueError(f"eps must be >= 0, got {eps!r}")
   for name, value in (("b1", b1), ("b2", b2), ("shampoo_beta", shampoo_beta)):
-    _check_decay(name, value)
+    if value is not None:
+      _check_decay(name, value)
   if isinstance(max_precond_dim, bool) or not isinstance(max_precond_dim, int) or max_precond_dim < 0:
     raise ValueError(f"max_precond_dim must be a Python int >= 0 (with optax.inject_hyperparams, "
                      f"list it in static_args), got {max_precond_dim!r}")
@@ -453,13 +481,26 @@ def scale_by_basis_rotation(
       mu = eb.mm(mu, eb.mm(qr.T, new_r))
     return mu
 
-  def guarded(g, ql, qr, mu, nu, new_l, new_r, new_nu, g_rot):
-    """The refreshed (bases, moments, rotated gradient), or the old ones if any is not finite."""
-    new = (new_l, new_r, reexpress(mu, ql, qr, new_l, new_r), new_nu, g_rot)
-    ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(new[:2] + new[3:4])]))
-    old = (ql, qr, mu, nu, _rotate_in(g, ql, qr))
-    return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+  def guarded(refresh):
+    """``refresh`` (one matrix's args -> candidate ``(U, V, nu, rotated gradient)``) made safe: the
+    decompositions only ever see finite input (LAPACK's SVD can loop for ever on inf mixed with
+    finite values), and the old bases and moments are kept (the gradient rotated by the old bases)
+    if the input or the result is not finite."""
 
+    def safe(args):
+      g, ql, qr, sl, sr, mu, nu = args
+      finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in (g, sl, sr, mu) if x is not None]))
+      clean = jax.tree.map(lambda x: jnp.where(finite, x, jnp.zeros_like(x)), args)
+      new_l, new_r, new_nu, g_rot = refresh(clean)
+      new = (new_l, new_r, reexpress(mu, ql, qr, new_l, new_r), new_nu, g_rot)
+      ok = finite & jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x))
+                                         for x in jax.tree.leaves(new[:2] + new[3:4])]))
+      old = (ql, qr, mu, nu, _rotate_in(g, ql, qr))
+      return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+
+    return safe
+
+  @guarded
   def cold(args):
     """Step 1 for one matrix: bases and rotated gradient from the SVD of ``G`` (exact)."""
     g, ql, qr, sl, sr, mu, nu = args
@@ -467,15 +508,16 @@ def scale_by_basis_rotation(
       u, s, vt = jnp.linalg.svd(g, full_matrices=True)
       k = s.shape[0]
       g_rot = jnp.zeros(g.shape, g.dtype).at[jnp.arange(k), jnp.arange(k)].set(s)
-      return guarded(g, ql, qr, mu, nu, u, vt.T, nu, g_rot)
+      return u, vt.T, nu, g_rot
     # One side: it is the shorter one (unilateral geometry picks it; a side left unrotated by
     # max_precond_dim is the longer one), so the thin SVD already holds its complete basis, and
     # the other side's (possibly huge) basis is never built.
     u, s, vt = jnp.linalg.svd(g, full_matrices=False)
     if ql is not None:
-      return guarded(g, ql, qr, mu, nu, u, None, nu, s[:, None] * vt)  # U^T G = S V^T
-    return guarded(g, ql, qr, mu, nu, None, vt.T, nu, u * s[None, :])  # G V = U S
+      return u, None, nu, s[:, None] * vt  # U^T G = S V^T
+    return None, vt.T, nu, u * s[None, :]  # G V = U S
 
+  @guarded
   def warm(args):
     """A warm refresh of one matrix: sort, permute ``nu``, one orthogonal-iteration step."""
     g, ql, qr, sl, sr, mu, nu = args
@@ -489,7 +531,7 @@ def scale_by_basis_rotation(
       look_ahead = b1 * _rotate_out(mu, ql, qr) + (1 - b1) * g
       new_l, new_r, new_nu = eb.first_order_bases(look_ahead, ql, qr, nu, first_order_step,
                                                   orthonormalization)
-    return guarded(g, ql, qr, mu, nu, new_l, new_r, new_nu, _rotate_in(g, new_l, new_r))
+    return new_l, new_r, new_nu, _rotate_in(g, new_l, new_r)
 
   def group_step(count, plan_g, group, g, mu, nu):
     """A group of k same-shape matrices: statistics, refresh under lax.switch, rotation in.
@@ -597,6 +639,7 @@ def basis_rotation(
   Returns:
     The chained ``optax.GradientTransformationExtraArgs``.
   """
+  _check_learning_rate(learning_rate)
   return optax.chain(
       scale_by_basis_rotation(source=source, geometry=geometry, refresh_every=refresh_every,
                               b1=b1, b2=b2, eps=eps, shampoo_beta=shampoo_beta,

@@ -130,3 +130,21 @@ def test_batched_cholesky_qr_runs_householder_only_when_a_matrix_needs_it():
     got = np.asarray(jax.jit(jax.vmap(eb.cholesky_qr))(batch))
     want = np.stack([np.asarray(jax.jit(eb.cholesky_qr)(m)) for m in batch])
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_cholesky_qr_differentiates_in_reverse_mode_for_every_shape():
+  """``jax.grad`` through ``cholesky_qr`` (square, wide and tall inputs, alone and under ``vmap``)
+  against central finite differences along random directions, in float64."""
+  rng = np.random.default_rng(7)
+  loss = lambda x: jnp.sum(eb.cholesky_qr(x) ** 3)
+  with jax.enable_x64(True):
+    for shape in ((4, 4), (4, 6), (5, 4)):
+      x = jnp.asarray(rng.normal(size=shape))
+      grad = np.asarray(jax.jit(jax.grad(loss))(x))
+      for _ in range(3):
+        d = rng.normal(size=shape)
+        fd = (float(loss(x + 1e-6 * d)) - float(loss(x - 1e-6 * d))) / 2e-6
+        np.testing.assert_allclose(np.sum(grad * d), fd, rtol=1e-5, atol=1e-8)
+    xs = jnp.asarray(rng.normal(size=(3, 4, 4)))
+    batched = np.asarray(jax.vmap(jax.grad(loss))(xs))
+    np.testing.assert_allclose(batched, np.stack([np.asarray(jax.grad(loss)(x)) for x in xs]), rtol=1e-10)

@@ -1,5 +1,9 @@
 """rotation.transform against an independent float64 NumPy transcription of docs/algorithms.md section 2."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -281,6 +285,36 @@ def test_nonfinite_gradients():
   np.testing.assert_array_equal(state.groups[0].left, before)
 
 
+_NONFINITE_FIRST_STEP = """
+import jax, jax.numpy as jnp, numpy as np, optax, rotation
+params = {"w": jnp.ones((8, 4)) * 0.1, "b": jnp.zeros(4)}
+for source in rotation.SOURCES:
+  for bad in (np.inf, -np.inf, np.nan):
+    g = {"w": jnp.full((8, 4), 0.01).at[0, 0].set(bad), "b": jnp.zeros(4)}
+    raw = rotation.scale_by_basis_rotation(source=source)
+    _, state = jax.jit(raw.update)(g, raw.init(params))
+    # the bases stay the initial identity: no non-finite value was installed
+    for grp in state.groups:
+      for q in (grp.left, grp.right):
+        np.testing.assert_array_equal(q, np.broadcast_to(np.eye(q.shape[-1]), q.shape))
+    tx = optax.apply_if_finite(rotation.basis_rotation(1e-3, source=source), 3)
+    init = tx.init(params)
+    u, after = jax.jit(tx.update)(g, init, params)
+    assert int(after.notfinite_count) == 1 and float(jnp.abs(u["w"]).max()) == 0.0
+    jax.tree.map(np.testing.assert_array_equal, after.inner_state, init.inner_state)
+print("returned")
+"""
+
+
+def test_a_nonfinite_first_gradient_never_hangs():
+  """An inf (or NaN) in the very first gradient: LAPACK's SVD loops for ever on inf mixed with
+  finite values, so it must never see one. In a subprocess with a time limit (a hang in LAPACK
+  cannot be interrupted in-process)."""
+  out = subprocess.run([sys.executable, "-c", _NONFINITE_FIRST_STEP], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0 and "returned" in out.stdout, out.stderr[-2000:]
+
+
 def _noisy_rotated_quadratic(a, b, curv, target):
   """``0.5 sum curv * (A^T W B - target - noise)^2``, noise N(0, 0.3^2) drawn in the eigenbasis."""
 
@@ -405,6 +439,9 @@ def test_flax_nnx_optimizer_on_transformer():
     ({"b1": 1.0}, r"b1 must be in \[0, 1\), got 1.0"),
     ({"b2": -0.5}, r"b2 must be in \[0, 1\), got -0.5"),
     ({"shampoo_beta": 2.0}, r"shampoo_beta must be in \[0, 1\), got 2.0"),
+    ({"b1": np.float32(1.5)}, r"b1 must be in \[0, 1\), got np.float32\(1.5\)"),  # any scalar type
+    ({"b2": np.asarray(1.0)}, r"b2 must be in \[0, 1\), got array\(1.\)"),  # a 0-d array
+    ({"eps": np.float64(-1.0)}, r"eps must be >= 0, got np.float64\(-1.0\)"),
 ])
 def test_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -414,6 +451,29 @@ def test_bad_arguments(kwargs, match):
       rotation.basis_rotation(1e-3, **kwargs)
     with pytest.raises(ValueError, match=match):
       rotation.scale_by_adam(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"learning_rate": "abc"}, "learning_rate must be a real scalar, got 'abc'"),
+    ({"learning_rate": 1e-3, "b1": "0.9"}, "b1 must be a real scalar, got '0.9'"),
+    ({"learning_rate": 1e-3, "b2": np.array([0.9, 0.99])}, "b2 must be a real scalar"),
+    ({"learning_rate": 1e-3, "shampoo_beta": 0.9 + 0j},
+     r"shampoo_beta must be a real scalar, got \(0.9\+0j\)"),
+])
+def test_non_numeric_hyperparameters_are_refused_by_name(kwargs, match):
+  with pytest.raises(TypeError, match=match):
+    rotation.basis_rotation(**kwargs)
+
+
+def test_numeric_learning_rates_and_schedules_are_accepted():
+  for lr in (1e-3, np.float32(1e-3), jnp.asarray(1e-3), optax.constant_schedule(1e-3)):
+    rotation.basis_rotation(lr).init({"w": jnp.zeros((2, 2))})
+
+
+@pytest.mark.parametrize("tx", [rotation.basis_rotation(1e-3), rotation.scale_by_adam()])
+def test_complex_leaves_are_refused_at_init(tx):
+  with pytest.raises(TypeError, match=r"parameter \['z'\] has dtype complex64: .*real floating-point"):
+    tx.init({"w": jnp.zeros((3, 3)), "z": jnp.zeros((3, 3), jnp.complex64)})
 
 
 def test_mask_structure_mismatch():
