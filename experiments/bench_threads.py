@@ -1,8 +1,9 @@
 """``python -m experiments.bench_threads``: what OpenBLAS's own threads cost basis rotation.
 
 XLA's CPU QR, eigh and SVD call LAPACK in OpenBLAS. Each setting runs in a fresh process (the
-thread count is fixed when OpenBLAS loads): OpenBLAS's default thread count against one thread
-(``OPENBLAS_NUM_THREADS=1``, what the project's command-line tools set unless the user chose), on a
+program imports ``rotation`` as a user's own would): OpenBLAS's default thread count (set
+explicitly, ``OPENBLAS_NUM_THREADS`` = the cores, which is also how a user opts out) against nothing
+set, where ``rotation.threads`` makes the OpenBLAS of JAX's LAPACK calls single-threaded, on a
 quiet machine and with a second process busy on every core (a NumPy matmul loop). Printed: the
 time of 16 Householder QRs of 128 x 128 (one warm refresh of 16 such matrices), and the whole
 cpu-deep training step of rotation over AdamW's (batch 16, refresh period 10), each as ratios
@@ -23,6 +24,7 @@ import jax, jax.numpy as jnp, optax
 import rotation
 from experiments import bench_optimizer as bo, data as data_lib, model as model_lib
 
+rotation.basis_rotation(1e-3).init({"w": jnp.zeros((2, 2))})  # a user's first use of the library
 qr = jax.jit(lambda a: jax.lax.map(lambda x: jnp.linalg.qr(x)[0], a))
 a = jax.random.normal(jax.random.PRNGKey(0), (16, 128, 128))
 jax.block_until_ready(qr(a))
@@ -66,18 +68,20 @@ def measure(threads: str | None, busy: bool) -> dict:
 
 def main(argv=None):
   argparse.ArgumentParser(prog="python -m experiments.bench_threads", description=__doc__).parse_args(argv)
-  print(f"{os.cpu_count()} cores; each line: a fresh process")
+  cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+  print(f"{cores} cores; each line: a fresh process, a user's own program importing rotation")
+  settings = {cores: f"OPENBLAS_NUM_THREADS={cores} (OpenBLAS's default, the opt-out)",
+              None: "nothing set (the library's default: rotation.threads limits SciPy's OpenBLAS)"}
   got = {}
   for busy in (False, True):
-    for threads in (None, "1"):
+    for threads, label in settings.items():
       r = got[(busy, threads)] = measure(threads, busy)
-      print(f"{'busy ' if busy else 'quiet'} OpenBLAS threads {threads or 'default'}: 16 QRs 128x128 "
-            f"{r['qr'] * 1e3:.1f} ms; whole step rotation / adamw {r['rotation'] / r['adamw']:.2f}x",
-            flush=True)
+      print(f"{'busy ' if busy else 'quiet'} {label}: 16 QRs 128x128 {r['qr'] * 1e3:.1f} ms; whole step "
+            f"rotation / adamw {r['rotation'] / r['adamw']:.2f}x", flush=True)
   for busy in (False, True):
-    d, one = got[(busy, None)], got[(busy, "1")]
-    print(f"{'busy' if busy else 'quiet'}: default threads / one thread = {d['qr'] / one['qr']:.2f}x on the "
-          f"QRs, {d['rotation'] / one['rotation']:.2f}x on rotation's whole step")
+    d, lib = got[(busy, cores)], got[(busy, None)]
+    print(f"{'busy' if busy else 'quiet'}: OpenBLAS default / library default = {d['qr'] / lib['qr']:.2f}x "
+          f"on the QRs, {d['rotation'] / lib['rotation']:.2f}x on rotation's whole step")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@ Every leaf must be floating point (an integer leaf is an error at ``init``). A
 callable ``mask`` is evaluated on the parameters at init and on the updates at every step (as in
 ``optax.masked``), so it must depend only on the tree's structure and shapes.
 
+Threads: on the CPU backend the first ``init`` makes the OpenBLAS that JAX's LAPACK calls use
+single-threaded, unless ``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` is set (``rotation.threads``
+says what that changes and how to opt out).
+
 Numerics: statistics, ``eigh``, QR and rotations run in float32 with ``Precision.HIGHEST``
 whatever the parameter dtype; updates are returned in the gradient's dtype.
 
@@ -45,6 +49,7 @@ import optax
 from optax import tree_utils as otu
 
 from rotation import eigenbasis as eb
+from rotation import threads
 
 SOURCES = ("second", "first")
 GEOMETRIES = ("bilateral", "unilateral")
@@ -440,6 +445,8 @@ def scale_by_basis_rotation(
 
   def init_fn(params):
     _check_float_leaves(params)
+    if not fixed and jax.default_backend() == "cpu":
+      threads.limit_lapack_threads()  # the refreshes' LAPACK single-threaded; see rotation.threads
     plan = plan_of(params)
     leaves = jax.tree.leaves(params)
     inner_state = inner.init(inner_tree(plan, [jnp.zeros(jnp.shape(x), jnp.float32) for x in leaves]))

@@ -1,0 +1,48 @@
+"""rotation.threads: a user's own program that only imports the library gets single-threaded LAPACK
+for the refreshes on CPU (SciPy's OpenBLAS), NumPy's OpenBLAS untouched, their own setting kept."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import json, os
+import jax, jax.numpy as jnp
+import scipy.linalg.cython_lapack
+from threadpoolctl import threadpool_info
+import rotation
+from rotation.threads import _scipy_libraries
+ours = _scipy_libraries()
+count = lambda: {("scipy" if os.path.realpath(i["filepath"]) in ours else "other"): i["num_threads"]
+                 for i in threadpool_info() if i["internal_api"] == "openblas"}
+before = count()
+tx = rotation.basis_rotation(1e-3)
+tx.init({"w": jnp.zeros((4, 3))})
+print(json.dumps({"cores": len(os.sched_getaffinity(0)), "before": before, "after": count()}))
+"""
+
+
+def _probe(**env):
+  base = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+  out = subprocess.run([sys.executable, "-c", PROBE], env={**base, "JAX_PLATFORMS": "cpu", **env},
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_first_init_makes_scipys_openblas_single_threaded_and_nothing_else():
+  got = _probe()
+  assert "scipy" in got["before"], got  # the wheel's OpenBLAS that jaxlib's LAPACK calls
+  if got["cores"] > 1:  # (on one core OpenBLAS starts single-threaded: nothing to tell apart)
+    assert got["before"]["scipy"] > 1, got
+  assert got["after"]["scipy"] == 1, got
+  assert got["after"].get("other") == got["before"].get("other"), got  # NumPy's own untouched
+
+
+@pytest.mark.parametrize("variable", ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"])
+def test_a_users_own_thread_setting_is_kept(variable):
+  got = _probe(**{variable: "2"})
+  assert got["after"] == got["before"], got
