@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import platform
+import shutil
 import subprocess
 import time
 import warnings
@@ -244,9 +245,27 @@ def run_name(config: RunConfig, data_sha256: str, vocab_size: int, devices: int 
   return f"{canonical(config).name}_{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
+SOURCE_PACKAGES = ("rotation", "pipeline_sim", "experiments")  # the code that computes a run
+
+
+def source_files() -> dict:
+  """``{relative path: sha256}`` of every Python file of the packages a run's numbers depend on, as
+  they are on disk now (a pip install's site-packages or a checkout, edited or not)."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
+          for package in SOURCE_PACKAGES for f in sorted((root / package).rglob("*.py"))}
+
+
+def source_hash(files: dict) -> str:
+  return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
 @functools.cache
 def code_version() -> dict:
-  """This project's version and, in a git checkout, its commit (``None`` elsewhere)."""
+  """This project's version, its commit in a git checkout (``None`` elsewhere), and ``source``: a
+  hash of its Python files (``source_files``), read once per process. ``source`` decides whether a
+  checkpoint is this code's (``same_code``): it sees uncommitted edits and pip installs, where the
+  commit does not."""
   try:
     version = metadata.version("staleness-rotation")
   except metadata.PackageNotFoundError:
@@ -259,7 +278,18 @@ def code_version() -> dict:
                               timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
       commit = None
-  return {"version": version, "commit": commit}
+  return {"version": version, "commit": commit, "source": source_hash(source_files())}
+
+
+def same_code(saved: dict | None) -> bool:
+  """Whether a run's recorded code (``code.json``) is this process's code (by source hash)."""
+  return bool(saved) and saved.get("source") == code_version()["source"]
+
+
+def changed_files(since: dict) -> list:
+  """The source files that differ from ``since`` (a ``source_files()`` taken earlier)."""
+  now = source_files()
+  return sorted(f for f in set(now) | set(since) if now.get(f) != since.get(f))
 
 
 def usable_cores() -> list[int]:
@@ -303,6 +333,31 @@ def barrier(name: str) -> None:
   that the others then read); a no-op in one process."""
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(name)
+
+
+def agree(value: int) -> int:
+  """Process 0's ``value`` (an int), in every process: a decision taken once, where each process
+  looking for itself could conclude differently (a file moved between two looks)."""
+  if jax.process_count() == 1:
+    return int(value)
+  return int(multihost_utils.broadcast_one_to_all(np.int64(value)))
+
+
+def agree_list(values: list) -> list:
+  """Process 0's list of ints, in every process."""
+  n = agree(len(values))
+  if jax.process_count() == 1:
+    return list(values)
+  mine = np.zeros(n, np.int64)
+  mine[:min(n, len(values))] = values[:n]
+  return [int(x) for x in multihost_utils.broadcast_one_to_all(mine)]
+
+
+def everyone(flag: bool) -> bool:
+  """Whether ``flag`` holds in every process."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(np.all(multihost_utils.process_allgather(np.asarray(bool(flag)))))
 
 
 def initialize_distributed(environ=os.environ) -> bool:
@@ -412,13 +467,33 @@ def _lag(pipe) -> int:
   return pipe.num_stages - 1 if isinstance(pipe, ps.DevicePipeline) else 0
 
 
-class _Checkpoints:
-  """Orbax checkpoints of (pipeline state, loss history) at chunk boundaries.
+TMP_CHECKPOINT = "*.orbax-checkpoint-tmp*"  # Orbax's folder for a save in progress
 
-  The two newest are kept, with ``code.json`` naming the code that wrote them. A checkpoint that
-  cannot be restored (a truncated file) is reported, moved to ``checkpoints.damaged/`` (else
-  Orbax would refuse to save any step up to it) and the previous one is used; checkpoints of other
-  code are moved to ``checkpoints.other-code/``; with none left the run restarts from step 0.
+
+def layout(tree) -> str:
+  """A fingerprint of a state's tree structure, leaf shapes and dtypes (32 hex digits)."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+  desc = [str(treedef)] + [[jax.tree_util.keystr(p), list(np.shape(x)), np.dtype(x.dtype).name]
+                           for p, x in leaves]
+  return hashlib.sha256(json.dumps(desc).encode()).hexdigest()[:32]
+
+
+class LayoutError(ValueError):
+  """A checkpoint that holds a state of another layout than the one asked for."""
+
+
+class _Checkpoints:
+  """Orbax checkpoints of (pipeline state, loss history, the state's ``layout``) at chunk
+  boundaries.
+
+  The two newest are kept, with ``code.json`` naming the code that wrote them (written atomically
+  before the first checkpoint commits). A checkpoint is restored only into a state of the layout it
+  records (never sliced into another); one of other code or another layout is moved to
+  ``checkpoints.other-code/``, one that cannot be read (a truncated file) to
+  ``checkpoints.damaged/`` (else Orbax would refuse to save any step up to it), and the previous one
+  is used; with none left the run restarts from step 0. Folders of interrupted saves are removed
+  when the run starts again. With several processes, process 0 decides every restore and set-aside
+  and the others follow (``agree``), with a barrier before any file moves.
 
   The state is written packed, one flat vector per dtype (``pack``), when this process holds all
   of it: Orbax writes one file per array, and a pipeline state has thousands of small ones (a P =
@@ -429,6 +504,10 @@ class _Checkpoints:
 
   def __init__(self, directory: pathlib.Path):
     self.directory = directory.absolute()
+    if is_primary() and self.directory.is_dir():
+      for tmp in self.directory.glob(TMP_CHECKPOINT):
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier(f"stale checkpoint folders removed in {self.directory}")
     self.manager = ocp.CheckpointManager(self.directory,
                                          options=ocp.CheckpointManagerOptions(max_to_keep=2),
                                          item_handlers=ocp.StandardCheckpointHandler())
@@ -436,12 +515,17 @@ class _Checkpoints:
   def save(self, step, state, losses, val_losses):
     packed = pack(state)
     item = {"state": state} if packed is None else {"packed": packed}
-    self.manager.save(step, args=ocp.args.StandardSave({**item, "losses": losses, "val": val_losses}))
+    fingerprint = np.frombuffer(bytes.fromhex(layout(state)), np.uint8)
+    self.directory.mkdir(parents=True, exist_ok=True)
+    write_json(self.directory / "code.json", code_version())  # before any checkpoint of this code
+    self.manager.save(step, args=ocp.args.StandardSave(
+        {**item, "losses": losses, "val": val_losses, "layout": fingerprint}))
     self.manager.wait_until_finished()
-    write_json(self.directory / "code.json", code_version())
 
   def _set_aside(self, steps, where: str) -> None:
-    """Moves the checkpoints of ``steps`` out of Orbax's folder (process 0; the others wait)."""
+    """Moves the checkpoints of ``steps`` out of Orbax's folder: every process has stopped reading
+    (barrier), process 0 moves them, the others wait."""
+    barrier(f"before setting checkpoints aside in {self.directory}")
     if is_primary():
       for step in steps:
         target = self.directory.parent / where / str(step)
@@ -449,48 +533,74 @@ class _Checkpoints:
         while target.exists():
           target, n = target.with_name(f"{step}.{n}"), n + 1
         target.parent.mkdir(exist_ok=True)
-        os.replace(self.directory / str(step), target)
+        if (self.directory / str(step)).exists():
+          os.replace(self.directory / str(step), target)
     barrier(f"checkpoints set aside in {self.directory}")
     self.manager.reload()
+
+  def _restore_step(self, step, template, tables):
+    """The state and tables of one checkpoint; ``LayoutError`` if it records another layout."""
+    tree = self.manager.item_metadata(step).tree
+    if "packed" in tree:
+      item = {"packed": pack(template, shapes_only=True), **tables}
+    else:
+      item = {"state": template, **tables}
+    if "layout" in tree:  # (checkpoints written before the fingerprint have none)
+      item["layout"] = np.zeros(16, np.uint8)
+    got = self.manager.restore(step, args=ocp.args.StandardRestore(
+        jax.tree.map(ocp.utils.to_shape_dtype_struct, item)))
+    if "layout" in got and bytes(np.asarray(got["layout"])).hex() != layout(template):
+      raise LayoutError(f"checkpoint {self.directory / str(step)} holds a state of layout "
+                        f"{bytes(np.asarray(got['layout'])).hex()}, not the {layout(template)} of "
+                        "this run's state (other code wrote it)")
+    if "packed" in got:
+      got["state"] = unpack(got["packed"], template)
+    return got
 
   def restore(self, template, losses, val_losses, read_only=False):
     """(step, state, losses, val_losses) of the newest readable checkpoint, or ``None``.
 
-    ``read_only`` (diagnostics of a trained run): any code's checkpoints, nothing set aside."""
-    steps = sorted(self.manager.all_steps(), reverse=True)
+    ``read_only`` (diagnostics of a trained run): any code's checkpoints, nothing set aside, and a
+    checkpoint of another layout is an error."""
+    steps = agree_list(sorted(self.manager.all_steps(), reverse=True))
     try:
       code = _read_json(self.directory / "code.json")
     except DamagedFileError:
       code = None
-    if steps and code != code_version() and not read_only:
+    if agree(bool(steps) and not same_code(code) and not read_only):
       warnings.warn(f"the checkpoints in {self.directory} were written by other code ({code}, now "
                     f"{code_version()}); restarting the run from step 0", stacklevel=2)
       self._set_aside(steps, "checkpoints.other-code")
       return None
     tables = {"losses": losses, "val": val_losses}
-    damaged = []
+    aside = {"checkpoints.damaged": [], "checkpoints.other-code": []}
+
+    def set_aside():
+      for where, bad in aside.items():
+        if bad and not read_only:
+          self._set_aside(bad, where)
+
     for step in steps:
+      got, problem, where = None, None, "checkpoints.damaged"
       try:
-        if "packed" in self.manager.item_metadata(step).tree:
-          item = {"packed": pack(template, shapes_only=True), **tables}
-        else:
-          item = {"state": template, **tables}
-        got = self.manager.restore(step, args=ocp.args.StandardRestore(
-            jax.tree.map(ocp.utils.to_shape_dtype_struct, item)))
-        if "packed" in got:
-          got["state"] = unpack(got["packed"], template)
+        got = self._restore_step(step, template, tables)
+      except LayoutError as e:
+        if read_only:
+          raise
+        problem, where = str(e), "checkpoints.other-code"
       except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for damaged files
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        aside = "" if read_only else f"set aside in {self.directory.parent / 'checkpoints.damaged'}, "
-        warnings.warn(f"checkpoint {self.directory / str(step)} cannot be restored ({first}); "
-                      f"{aside}trying an older one", stacklevel=2)
-        damaged.append(step)
-        continue
-      if damaged and not read_only:
-        self._set_aside(damaged, "checkpoints.damaged")
-      return step, got["state"], np.asarray(got["losses"]), np.asarray(got["val"])
-    if damaged and not read_only:
-      self._set_aside(damaged, "checkpoints.damaged")
+        problem = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+      if everyone(got is not None):
+        set_aside()
+        return step, got["state"], np.asarray(got["losses"]), np.asarray(got["val"])
+      # process 0's verdict for every process (where only another process failed: damaged)
+      where = list(aside)[agree(list(aside).index(where))]
+      aside[where].append(step)
+      moved = "" if read_only else f"set aside in {self.directory.parent / where}, "
+      warnings.warn(f"checkpoint {self.directory / str(step)} cannot be restored "
+                    f"({problem or 'another process could not read it'}); {moved}trying an older one",
+                    stacklevel=2)
+    set_aside()
     return None
 
 
@@ -515,6 +625,12 @@ def unpack(packed: dict, template):
   """Inverse of ``pack``: ``template``'s tree with its leaves read from the packed vectors, each
   placed with the template leaf's sharding."""
   leaves, treedef = jax.tree.flatten(template)
+  sizes = pack(template, shapes_only=True)
+  for name in set(sizes) | set(packed):
+    have = int(np.size(packed[name])) if name in packed else 0
+    need = sizes[name].shape[0] if name in sizes else 0
+    if have != need:
+      raise LayoutError(f"packed state holds {have} {name} values, the state needs {need}")
   offsets = dict.fromkeys(packed, 0)
   out = []
   for x in leaves:

@@ -2,9 +2,11 @@
 
 import dataclasses
 import json
+import pathlib
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -184,12 +186,61 @@ def test_checkpoints_of_other_code_are_not_resumed(tmp_path, corpus, monkeypatch
   with pytest.raises(_Stop):
     runs.train(CONFIG, corpus, run_dir, progress=_StopAt(20))  # checkpoint 10
   assert json.loads((run_dir / "checkpoints" / "code.json").read_text()) == runs.code_version()
-  monkeypatch.setattr(runs, "code_version", lambda: {"version": "9.9", "commit": "f00"})
+  # the same commit with an uncommitted edit (or a pip install of other code): other source
+  edited = {**runs.code_version(), "source": "0123456789abcdef"}
+  monkeypatch.setattr(runs, "code_version", lambda: edited)
   bar = _StopAt(10**9)
   with pytest.warns(UserWarning, match="written by other code.*restarting the run from step 0"):
     result = runs.train(CONFIG, corpus, run_dir, progress=bar)
-  assert bar.first == 0 and result["status"] == "finished" and result["versions"]["code"]["commit"] == "f00"
+  assert bar.first == 0 and result["status"] == "finished"
+  assert result["versions"]["code"]["source"] == "0123456789abcdef"
   assert (run_dir / "checkpoints.other-code" / "10").is_dir()
+
+
+def test_the_code_identity_is_a_hash_of_the_source_files():
+  files = runs.source_files()
+  assert "rotation/transform.py" in files and "experiments/runs.py" in files
+  assert runs.code_version()["source"] == runs.source_hash(files)
+  edited = {**files, "rotation/transform.py": "0" * 64}
+  assert runs.source_hash(edited) != runs.source_hash(files)
+  assert runs.same_code(runs.code_version())
+  assert not runs.same_code({**runs.code_version(), "source": runs.source_hash(edited)})
+  assert not runs.same_code({"version": runs.code_version()["version"], "commit": None})  # pip install
+  assert runs.changed_files(edited) == ["rotation/transform.py"]
+
+
+def test_a_packed_checkpoint_is_never_restored_into_another_layout(tmp_path):
+  ckpt = runs._Checkpoints(tmp_path / "checkpoints")
+  losses, val = np.zeros(4, np.float32), np.zeros(2, np.float32)
+  ckpt.save(10, {"mu": jnp.arange(6.0), "nu": jnp.full(4, 9.0)}, losses, val)
+  for template in ({"mu": jnp.zeros(3), "nu": jnp.zeros(3)},  # smaller: was sliced silently
+                   {"mu": jnp.zeros(6), "nu": jnp.zeros(6)},  # larger: was set aside as damaged
+                   {"a": jnp.zeros(6), "b": jnp.zeros(4)}):  # same sizes, other names
+    with pytest.raises(runs.LayoutError, match="holds a state of layout"):
+      ckpt.restore(template, losses, val, read_only=True)
+  with pytest.warns(UserWarning, match="cannot be restored.*holds a state of layout"):
+    assert ckpt.restore({"mu": jnp.zeros(3), "nu": jnp.zeros(3)}, losses, val) is None
+  assert (tmp_path / "checkpoints.other-code" / "10").is_dir()  # not "damaged": it is readable
+  with pytest.raises(runs.LayoutError, match="holds 6 float32 values, the state needs 8"):
+    runs.unpack({"float32": np.zeros(6, np.float32)}, {"a": jnp.zeros(8)})
+
+
+def test_code_json_is_written_before_the_first_checkpoint_and_stale_saves_are_removed(tmp_path, corpus,
+                                                                                     monkeypatch):
+  run_dir = tmp_path / "run"
+  stale = run_dir / "checkpoints" / "30.orbax-checkpoint-tmp-1234"
+  stale.mkdir(parents=True)  # an interrupted save
+  seen = []
+  save = ocp.CheckpointManager.save
+
+  def spy(self, step, *args, **kwargs):
+    seen.append((step, (pathlib.Path(self.directory) / "code.json").exists()))
+    return save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", spy)
+  with pytest.raises(_Stop):
+    runs.train(CONFIG, corpus, run_dir, progress=_StopAt(20))
+  assert seen == [(10, True)] and not stale.exists()
 
 
 def test_device_count_is_part_of_the_identity(corpus):
