@@ -346,8 +346,8 @@ def agree(value: int) -> int:
 def agree_list(values: list) -> list:
   """Process 0's list of ints, in every process."""
   n = agree(len(values))
-  if jax.process_count() == 1:
-    return list(values)
+  if jax.process_count() == 1 or n == 0:
+    return list(values[:n])
   mine = np.zeros(n, np.int64)
   mine[:min(n, len(values))] = values[:n]
   return [int(x) for x in multihost_utils.broadcast_one_to_all(mine)]
@@ -357,7 +357,7 @@ def everyone(flag: bool) -> bool:
   """Whether ``flag`` holds in every process."""
   if jax.process_count() == 1:
     return bool(flag)
-  return bool(np.all(multihost_utils.process_allgather(np.asarray(bool(flag)))))
+  return bool(np.all(multihost_utils.process_allgather(np.int32(bool(flag)))))
 
 
 def initialize_distributed(environ=os.environ) -> bool:
@@ -515,11 +515,10 @@ class _Checkpoints:
   def save(self, step, state, losses, val_losses):
     packed = pack(state)
     item = {"state": state} if packed is None else {"packed": packed}
-    fingerprint = np.frombuffer(bytes.fromhex(layout(state)), np.uint8)
     self.directory.mkdir(parents=True, exist_ok=True)
     write_json(self.directory / "code.json", code_version())  # before any checkpoint of this code
-    self.manager.save(step, args=ocp.args.StandardSave(
-        {**item, "losses": losses, "val": val_losses, "layout": fingerprint}))
+    self.manager.save(step, args=ocp.args.StandardSave({**item, "losses": losses, "val": val_losses}),
+                      custom_metadata={"layout": layout(state)})
     self.manager.wait_until_finished()
 
   def _set_aside(self, steps, where: str) -> None:
@@ -538,21 +537,27 @@ class _Checkpoints:
     barrier(f"checkpoints set aside in {self.directory}")
     self.manager.reload()
 
+  def _verdict(self, step, template) -> tuple[str, str]:
+    """Process 0's look at one checkpoint, without reading its arrays (no collective): ``("ok",
+    "")``, ``("other", why)`` when it records another state layout, or ``("damaged", why)``."""
+    try:
+      recorded = (self.manager.metadata(step).custom_metadata or {}).get("layout")
+      self.manager.item_metadata(step)
+    except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for damaged files
+      return "damaged", _first_line(e)
+    if recorded is not None and recorded != layout(template):
+      return "other", (f"checkpoint {self.directory / str(step)} holds a state of layout {recorded}, "
+                       f"not the {layout(template)} of this run's state (other code wrote it)")
+    return "ok", ""
+
   def _restore_step(self, step, template, tables):
-    """The state and tables of one checkpoint; ``LayoutError`` if it records another layout."""
-    tree = self.manager.item_metadata(step).tree
-    if "packed" in tree:
+    """The state and tables of one checkpoint (a collective with several processes)."""
+    if "packed" in self.manager.item_metadata(step).tree:
       item = {"packed": pack(template, shapes_only=True), **tables}
     else:
       item = {"state": template, **tables}
-    if "layout" in tree:  # (checkpoints written before the fingerprint have none)
-      item["layout"] = np.zeros(16, np.uint8)
     got = self.manager.restore(step, args=ocp.args.StandardRestore(
         jax.tree.map(ocp.utils.to_shape_dtype_struct, item)))
-    if "layout" in got and bytes(np.asarray(got["layout"])).hex() != layout(template):
-      raise LayoutError(f"checkpoint {self.directory / str(step)} holds a state of layout "
-                        f"{bytes(np.asarray(got['layout'])).hex()}, not the {layout(template)} of "
-                        "this run's state (other code wrote it)")
     if "packed" in got:
       got["state"] = unpack(got["packed"], template)
     return got
@@ -561,7 +566,7 @@ class _Checkpoints:
     """(step, state, losses, val_losses) of the newest readable checkpoint, or ``None``.
 
     ``read_only`` (diagnostics of a trained run): any code's checkpoints, nothing set aside, and a
-    checkpoint of another layout is an error."""
+    checkpoint of another layout is an error (``LayoutError``)."""
     steps = agree_list(sorted(self.manager.all_steps(), reverse=True))
     try:
       code = _read_json(self.directory / "code.json")
@@ -573,35 +578,40 @@ class _Checkpoints:
       self._set_aside(steps, "checkpoints.other-code")
       return None
     tables = {"losses": losses, "val": val_losses}
-    aside = {"checkpoints.damaged": [], "checkpoints.other-code": []}
-
-    def set_aside():
-      for where, bad in aside.items():
-        if bad and not read_only:
-          self._set_aside(bad, where)
-
+    kinds = ("ok", "other", "damaged")
+    aside = {"other": [], "damaged": []}
     for step in steps:
-      got, problem, where = None, None, "checkpoints.damaged"
-      try:
-        got = self._restore_step(step, template, tables)
-      except LayoutError as e:
-        if read_only:
-          raise
-        problem, where = str(e), "checkpoints.other-code"
-      except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for damaged files
-        problem = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-      if everyone(got is not None):
-        set_aside()
-        return step, got["state"], np.asarray(got["losses"]), np.asarray(got["val"])
-      # process 0's verdict for every process (where only another process failed: damaged)
-      where = list(aside)[agree(list(aside).index(where))]
-      aside[where].append(step)
+      kind, why = self._verdict(step, template) if is_primary() else ("ok", "")
+      kind = kinds[agree(kinds.index(kind))]  # process 0 decides for every process
+      if kind == "ok":
+        got = None
+        try:
+          got = self._restore_step(step, template, tables)
+        except Exception as e:  # noqa: BLE001
+          why = _first_line(e)
+        if everyone(got is not None):
+          self._set_aside_all(aside, read_only)
+          return step, got["state"], np.asarray(got["losses"]), np.asarray(got["val"])
+        kind = "damaged"
+      if kind == "other" and read_only:
+        raise LayoutError(why)
+      aside[kind].append(step)
+      where = "checkpoints.damaged" if kind == "damaged" else "checkpoints.other-code"
       moved = "" if read_only else f"set aside in {self.directory.parent / where}, "
       warnings.warn(f"checkpoint {self.directory / str(step)} cannot be restored "
-                    f"({problem or 'another process could not read it'}); {moved}trying an older one",
+                    f"({why or 'another process could not read it'}); {moved}trying an older one",
                     stacklevel=2)
-    set_aside()
+    self._set_aside_all(aside, read_only)
     return None
+
+  def _set_aside_all(self, aside, read_only):
+    for kind, where in (("damaged", "checkpoints.damaged"), ("other", "checkpoints.other-code")):
+      if aside[kind] and not read_only:
+        self._set_aside(aside[kind], where)
+
+
+def _first_line(e: Exception) -> str:
+  return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
 
 
 def pack(tree, shapes_only: bool = False) -> dict | None:

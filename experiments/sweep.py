@@ -380,6 +380,7 @@ def check_file(path: pathlib.Path, flag: str) -> pathlib.Path:
 def prepare_out(path: pathlib.Path) -> pathlib.Path:
   """Creates the results folder; a clear error when that is impossible."""
   check_folder(path, "--out")
+  error = None
   if runs.is_primary():  # several processes share the folder: process 0 writes, the others wait
     try:
       path.mkdir(parents=True, exist_ok=True)
@@ -387,7 +388,10 @@ def prepare_out(path: pathlib.Path) -> pathlib.Path:
       probe.write_text("")
       probe.unlink()
     except OSError as e:
-      raise ValueError(f"--out {str(path)!r} cannot be written: {e.strerror or e}") from None
+      error = e.strerror or str(e)
+  if runs.agree(error is not None):  # every process learns process 0's failure (none waits for ever)
+    raise ValueError(f"--out {str(path)!r} cannot be written" + (f": {error}" if error else
+                                                                 " (process 0 could not write it)"))
   runs.barrier(f"results folder {path}")
   return path
 

@@ -65,3 +65,80 @@ def test_two_processes_train_one_run_and_match_one_process(tmp_path):
                           eval_every=10, eval_batches=1, checkpoint_every=10)
   alone = runs.train(config, data.default_corpus(32), tmp_path / "alone")  # this process: 1 device
   assert max(abs(a - b) for a, b in zip(alone["losses"], got[0]["losses"])) < 1e-4
+
+
+RESTORE = r"""
+import json, pathlib, sys, warnings
+import jax, numpy as np
+from experiments import data, runs, sweep
+assert runs.initialize_distributed()
+root = pathlib.Path(sys.argv[1])
+try:  # process 0 cannot write here: every process must hear of it (none may wait at a barrier)
+  sweep.prepare_out(root / "readonly" / "out")
+  refused = False
+except ValueError as e:
+  refused = "cannot be written" in str(e)
+config = runs.RunConfig(method="pipedream", stages=2, steps=30, batch_size=4, model="cpu-tiny", chunk=10,
+                        eval_every=10, eval_batches=1, checkpoint_every=10)
+if sys.argv[2] == "interrupt":
+  class Stop(Exception):
+    pass
+  class StopAt:
+    def reset(self, total): pass
+    def set_postfix(self, *a, **k): pass
+    def update(self, n):
+      self.n = getattr(self, "n", 0) + n
+      if self.n >= 30: raise Stop
+  try:
+    runs.train(config, data.default_corpus(32), root / "run", progress=StopAt())
+  except Stop:
+    pass
+  print(json.dumps({"process": jax.process_index(), "refused": refused}))
+else:
+  if jax.process_index() == 0:  # a damaged checkpoint that only process 0 sees: step 20
+    verdict = runs._Checkpoints._verdict
+    def damaged_20(self, step, template):
+      return ("damaged", "truncated file") if step == 20 else verdict(self, step, template)
+    runs._Checkpoints._verdict = damaged_20
+  class First:
+    first = None
+    def reset(self, total): pass
+    def set_postfix(self, *a, **k): pass
+    def update(self, n):
+      self.first = n if self.first is None else self.first
+  bar = First()
+  with warnings.catch_warnings(record=True):
+    warnings.simplefilter("always")
+    result = runs.train(config, data.default_corpus(32), root / "run", progress=bar)
+  print(json.dumps({"process": jax.process_index(), "refused": refused, "resumed_at": bar.first,
+                    "losses": result["losses"]}))
+"""
+
+
+def _two_processes(script, *args):
+  port = _free_port()
+  procs = []
+  for i in range(2):
+    env = {**os.environ, "XLA_FLAGS": conftest.xla_flags(2), "JAX_PLATFORMS": "cpu",
+           "JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(i)}
+    procs.append(subprocess.Popen([sys.executable, "-c", script, *args], cwd=ROOT, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  try:
+    outs = [p.communicate(timeout=300) for p in procs]  # a hang (a process left at a barrier) fails
+  finally:
+    for p in procs:
+      p.kill()
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  return [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+
+
+def test_process_0_decides_restores_and_failures_for_every_process(tmp_path):
+  (tmp_path / "readonly").write_text("a file where a folder should be made")
+  got = _two_processes(RESTORE, str(tmp_path), "interrupt")  # checkpoints 10 and 20, then stopped
+  assert [g["refused"] for g in got] == [True, True]
+  got = _two_processes(RESTORE, str(tmp_path), "resume")
+  # step 20 is damaged for process 0 only: both processes resume from 10, in step, and agree
+  assert [g["resumed_at"] for g in got] == [10, 10] and got[0]["losses"] == got[1]["losses"]
+  assert sorted(p.name for p in (tmp_path / "run" / "checkpoints.damaged").iterdir()) == ["20"]
+
