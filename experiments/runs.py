@@ -256,6 +256,12 @@ def source_files() -> dict:
           for package in SOURCE_PACKAGES for f in sorted((root / package).rglob("*.py"))}
 
 
+@functools.cache
+def started_files() -> dict:
+  """``source_files()`` as this process first read them (the code it runs: modules already loaded)."""
+  return source_files()
+
+
 def source_hash(files: dict) -> str:
   return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -278,7 +284,7 @@ def code_version() -> dict:
                               timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
       commit = None
-  return {"version": version, "commit": commit, "source": source_hash(source_files())}
+  return {"version": version, "commit": commit, "source": source_hash(started_files())}
 
 
 def same_code(saved: dict | None) -> bool:
@@ -287,7 +293,7 @@ def same_code(saved: dict | None) -> bool:
 
 
 def changed_files(since: dict) -> list:
-  """The source files that differ from ``since`` (a ``source_files()`` taken earlier)."""
+  """The source files on disk now that differ from ``since`` (a ``source_files()`` taken earlier)."""
   now = source_files()
   return sorted(f for f in set(now) | set(since) if now.get(f) != since.get(f))
 

@@ -10,7 +10,6 @@ vocabulary), so a run is never reused with other settings or other data.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
@@ -291,61 +290,148 @@ def run_dir_of(config, ds, out: pathlib.Path) -> pathlib.Path:
   return out / "runs" / runs.run_name(config, ds.sha256, ds.vocab_size, runs.device_count(config))
 
 
-_WORKER_DATA = None
+class RunFailed(RuntimeError):
+  """Runs of a parallel sweep that failed (an exception, or a worker that died); the others
+  finished, and the next start resumes the failed ones from their last checkpoint."""
 
 
-def _worker_start(ds) -> None:
-  global _WORKER_DATA
-  _WORKER_DATA = ds
+class _QueueProgress:
+  """The ``progress`` a worker's ``runs.train`` advances: forwards steps and loss to the sweep."""
+
+  def __init__(self, queue, index):
+    self.queue, self.index, self.postfix = queue, index, {}
+
+  def reset(self, total):
+    self.queue.put(("reset", self.index, total))
+
+  def update(self, n):
+    self.queue.put(("update", self.index, (n, self.postfix.get("loss"))))
+
+  def set_postfix(self, postfix, refresh=False):
+    self.postfix = dict(postfix)
 
 
-def _worker_train(config, run_dir, jobs) -> tuple[dict, float]:
-  t0 = time.time()
-  return runs.train(config, _WORKER_DATA, run_dir, jobs=jobs), time.time() - t0
+def _worker(queue, index, config, ds, run_dir, jobs, source) -> None:
+  """One run in a fresh process: refuses to train if the source files changed since the sweep
+  began (the worker would import other code than the sweep's), reports progress, then the result
+  or the error, by run."""
+  try:
+    changed = runs.changed_files(source)
+    if changed:
+      raise RuntimeError(f"the source changed since the sweep began ({', '.join(changed)}); this "
+                         "worker would run other code: restart the sweep")
+    t0 = time.time()
+    result = runs.train(config, ds, run_dir, progress=_QueueProgress(queue, index), jobs=jobs)
+    queue.put(("done", index, (result, time.time() - t0)))
+  except BaseException as e:  # noqa: BLE001 - reported by run name in the sweep
+    queue.put(("error", index, f"{type(e).__name__}: {e}".strip()))
+
+
+def _summary(result, seconds) -> str:
+  finite = [x for x in result["losses"] if np.isfinite(x)]
+  return (f"{result['status']}, last loss {finite[-1] if finite else float('nan'):.4f} ({seconds})")
 
 
 def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1) -> list:
-  """Every run of ``configs`` (finished ones loaded, unfinished ones resumed), in order.
+  """Every run of ``configs`` (finished ones loaded, unfinished ones resumed), in order; configs that
+  name the same run folder are trained once.
 
   ``jobs > 1`` trains that many runs at once, each in a fresh process (``spawn``: JAX is not
-  fork-safe) that receives the dataset once; the numbers are the same as in one process (each run is
-  a pure function of its config and data). Workers are not pinned to cores: XLA's CPU kernels split
-  their work by the number of cores the process may use, so a run pinned to one core computes other
-  round-off (its losses part from step 4-12 on) than the same run on two; unpinned, every run keeps
-  the machine's thread count and its numbers. A failure or Ctrl-C in one run stops the sweep; runs
-  that finished are on disk, and the others resume from their last checkpoint."""
+  fork-safe); the numbers are the same as in one process (each run is a pure function of its config
+  and data). Workers are not pinned to cores: XLA's CPU kernels split their work by the number of
+  cores the process may use, so a run pinned to one core computes other round-off (its losses part
+  from step 4-12 on) than the same run on two; unpinned, every run keeps the machine's thread count
+  and its numbers. A worker must find the source files the sweep started with (``runs.source_files``)
+  or it refuses to train. A run that fails (an exception, or a worker killed) is reported by name at
+  once and the others go on; at the end ``RunFailed`` lists them (the next start resumes them).
+  Ctrl-C stops every worker; runs that finished are on disk, and the others resume from their last
+  checkpoint."""
   if jobs < 1:
     raise ValueError(f"--jobs must be >= 1, got {jobs}")
-  if jobs == 1 or len(configs) < 2:
-    return [_run(c, ds, out, overall) for c in configs]
-  results = [None] * len(configs)
-  todo = []
-  for i, c in enumerate(configs):
-    done = runs.load_result(run_dir_of(c, ds, out))
-    if done is None:
-      todo.append(i)
+  folders = [run_dir_of(c, ds, out) for c in configs]
+  first = {}
+  for i, folder in enumerate(folders):
+    first.setdefault(folder, i)
+  unique = sorted(set(first.values()))
+  done = {}
+  if jobs == 1 or len(unique) < 2:
+    for i in unique:
+      done[i] = _run(configs[i], ds, out, overall)
+  else:
+    done = _run_parallel([(i, configs[i], folders[i]) for i in unique], ds, overall, jobs)
+  overall.update(len(configs) - len(unique))  # the same folders again
+  return [done[first[folder]] for folder in folders]
+
+
+def _run_parallel(todo, ds, overall, jobs) -> dict:
+  """``{index: result}`` of ``todo`` (index, config, folder), ``jobs`` fresh processes at a time."""
+  results = {}
+  pending = []
+  for i, c, folder in todo:
+    cached = runs.load_result(folder)
+    if cached is None:
+      pending.append((i, c, folder))
     else:
-      results[i] = done
+      results[i] = cached
       overall.update(1)
-      tqdm.write(f"[{overall.n}/{overall.total}] {c.name}: {done['status']} (cached)")
-  if not todo:
+      tqdm.write(f"[{overall.n}/{overall.total}] {c.name}: {cached['status']} (cached)")
+  if not pending:
     return results
   spawn = multiprocessing.get_context("spawn")
-  workers = min(jobs, len(todo))
-  pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn,
-                                                initializer=_worker_start, initargs=(ds,))
+  queue = spawn.Queue()
+  workers = min(jobs, len(pending))
+  source = runs.started_files()  # what this process began with: every worker must find the same
+  active, failed = {}, []
+  names = {i: c.name for i, c, _ in pending}
+
+  def finish(i, message):
+    proc, bar = active.pop(i)
+    proc.join()
+    bar.close()
+    overall.update(1)
+    tqdm.write(f"[{overall.n}/{overall.total}] {names[i]}: {message}")
+
   try:
-    futures = {pool.submit(_worker_train, configs[i], run_dir_of(configs[i], ds, out), workers): i
-               for i in todo}
-    for f in concurrent.futures.as_completed(futures):
-      i = futures[f]
-      results[i], seconds = f.result()
-      overall.update(1)
-      finite = [x for x in results[i]["losses"] if np.isfinite(x)]
-      tqdm.write(f"[{overall.n}/{overall.total}] {configs[i].name}: {results[i]['status']}, last loss "
-                 f"{finite[-1] if finite else float('nan'):.4f} ({seconds:.0f}s)")
+    while pending or active:
+      while pending and len(active) < workers:
+        i, c, folder = pending.pop(0)
+        proc = spawn.Process(target=_worker, args=(queue, i, c, ds, folder, workers, source), daemon=True)
+        proc.start()
+        slot = min(set(range(1, workers + 1)) - {abs(bar.pos) for _, bar in active.values()})
+        active[i] = (proc, tqdm(total=c.steps, desc=c.name, leave=False, unit="step", dynamic_ncols=True,
+                                position=slot))
+      try:
+        kind, i, payload = queue.get(timeout=1.0)
+      except Exception:  # noqa: BLE001 - queue.Empty: look for workers that died
+        for i, (proc, _) in list(active.items()):
+          if not proc.is_alive() and proc.exitcode is not None:
+            failed.append(names[i])
+            finish(i, f"FAILED: the worker died (exit code {proc.exitcode}"
+                      f"{', killed by signal ' + str(-proc.exitcode) if proc.exitcode < 0 else ''})")
+        continue
+      if i not in active:
+        continue
+      bar = active[i][1]
+      if kind == "reset":
+        bar.reset(total=payload)
+      elif kind == "update":
+        bar.update(payload[0])
+        if payload[1] is not None:
+          bar.set_postfix(loss=payload[1], refresh=False)
+      elif kind == "done":
+        results[i] = payload[0]
+        finish(i, _summary(payload[0], f"{payload[1]:.0f}s"))
+      elif kind == "error":
+        failed.append(names[i])
+        finish(i, f"FAILED: {payload}")
   finally:
-    pool.shutdown(wait=True, cancel_futures=True)
+    for proc, bar in active.values():
+      proc.terminate()
+      proc.join()
+      bar.close()
+  if failed:
+    raise RunFailed(f"{len(failed)} run(s) failed: {', '.join(failed)}; the others finished. Run the same "
+                    "command again to resume them")
   return results
 
 
@@ -356,10 +442,8 @@ def _run(config, ds, out, overall):
     already = runs.load_result(run_dir) is not None
     result = runs.train(config, ds, run_dir, progress=bar)
   overall.update(1)
-  note = "cached" if already else f"{time.time() - t0:.0f}s"
-  finite = [x for x in result["losses"] if np.isfinite(x)]
-  tqdm.write(f"[{overall.n}/{overall.total}] {config.name}: {result['status']}, "
-             f"last loss {finite[-1] if finite else float('nan'):.4f} ({note})")
+  tqdm.write(f"[{overall.n}/{overall.total}] {config.name}: "
+             f"{_summary(result, 'cached' if already else f'{time.time() - t0:.0f}s')}")
   return result
 
 
@@ -523,6 +607,9 @@ def cli(argv=None, entry=None) -> int:
   except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except RunFailed as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
   return 0
 
 

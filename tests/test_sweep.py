@@ -1,9 +1,15 @@
 """The sweep end to end on the smoke preset, resume after an interrupt, and bad input."""
 
+import dataclasses
+import io
 import json
+import os
+import queue as queue_lib
+import signal
 
 import numpy as np
 import pytest
+import tqdm as tqdm_lib
 
 from experiments import data as data_lib
 from experiments import runs, sweep
@@ -346,3 +352,57 @@ def test_jobs_default_to_one_per_usable_core_on_a_cpu_host():
   with pytest.raises(ValueError, match=r"--seeds has duplicates: \[1, 1\]"):
     sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--seeds", "1", "1"]))
 
+
+
+def test_configs_naming_one_run_folder_train_it_once(tmp_path, monkeypatch):
+  plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
+  ds = data_lib.load(None, context=plan.main[0].model_config(256).context)
+  a, b = plan.main[0], plan.main[1]
+  same_as_a = dataclasses.replace(a, num_blocks=a.model_config(256).num_blocks)  # canonical(): a's folder
+  trained = []
+  monkeypatch.setattr(sweep, "_run", lambda c, *_: trained.append(c) or {"name": c.name})
+  monkeypatch.setattr(sweep, "_run_parallel",
+                      lambda todo, *_: {i: trained.append(c) or {"name": c.name} for i, c, _ in todo})
+  for jobs in (1, 2):
+    trained.clear()
+    with tqdm_lib.tqdm(total=4, disable=True) as overall:
+      got = sweep.run_all([a, b, same_as_a, a], ds, tmp_path, overall, jobs=jobs)
+    assert trained == [a, b] and [r["name"] for r in got] == [a.name, b.name, a.name, a.name]
+
+
+class _KilledRun:
+  """A run whose worker is killed (SIGKILL) as it starts, as one killed for memory would be."""
+
+  name, steps = "the-killed-run", 40
+
+  def validate(self):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_dead_worker_ends_only_its_own_run_and_failures_are_named(tmp_path):
+  plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
+  ds = data_lib.load(None, context=plan.main[0].model_config(256).context)
+  good = plan.main[0]
+  bad = dataclasses.replace(good, method="no-such-method")
+  todo = [(0, _KilledRun(), tmp_path / "killed"), (1, bad, tmp_path / "bad"),
+          (2, good, sweep.run_dir_of(good, ds, tmp_path))]
+  with tqdm_lib.tqdm(total=3, file=io.StringIO()) as overall:
+    with pytest.raises(sweep.RunFailed, match=r"2 run\(s\) failed: .*the-killed-run.*the others finished"):
+      sweep._run_parallel(todo, ds, overall, jobs=2)
+    assert overall.n == 3
+  # the run beside them trained to the end, with the numbers of a run trained alone
+  result = runs.load_result(sweep.run_dir_of(good, ds, tmp_path))
+  assert result["status"] == "finished" and len(result["losses"]) == good.steps
+  assert sweep.cli(["--preset", "smoke", "--methods", "no-such-method"]) == 2
+
+
+def test_a_worker_refuses_to_train_code_other_than_the_sweeps(tmp_path):
+  plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
+  ds = data_lib.load(None, context=plan.main[0].model_config(256).context)
+  started = {**runs.source_files(), "experiments/runs.py": "0" * 64}  # edited since the sweep began
+  q = queue_lib.Queue()
+  sweep._worker(q, 7, plan.main[0], ds, tmp_path / "run", 1, started)
+  kind, index, message = q.get_nowait()
+  assert (kind, index) == ("error", 7)
+  assert "source changed since the sweep began (experiments/runs.py)" in message
+  assert not (tmp_path / "run").exists()  # nothing trained
