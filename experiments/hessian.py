@@ -167,9 +167,8 @@ def run_bases(state, labels, num_stages):
   return ps.merge_stages(parts, labels)
 
 
-def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=None,
-            exact_limit: int = 4096):
-  """Rows per matrix: raw and normalised (1,1)-norm in the original and the rotated basis."""
+def check_run_dir(run_dir) -> dict:
+  """The finished run's result; a one-line error when ``run_dir`` is not a finished run's folder."""
   run_dir = pathlib.Path(run_dir)
   if not run_dir.exists():
     raise FileNotFoundError(f"run folder {str(run_dir)!r} does not exist")
@@ -182,6 +181,18 @@ def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=
   result = runs.load_result(run_dir)
   if result is None:
     raise FileNotFoundError(f"{str(run_dir)!r} holds no finished run (no result.json)")
+  return result
+
+
+def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=None,
+            exact_limit: int = 4096, progress=None):
+  """Rows per matrix: raw and normalised (1,1)-norm in the original and the rotated basis.
+
+  ``progress``: called with a one-line message before each matrix (the tool prints it)."""
+  if samples < 1 or exact_limit < 0:
+    raise ValueError(f"need samples >= 1 and exact_limit >= 0, got {samples} and {exact_limit}")
+  run_dir = pathlib.Path(run_dir)
+  result = check_run_dir(run_dir)
   config = runs.RunConfig(**result["config"])
   cfg_context = config.model_config(256).context
   vocab = result["data"].get("vocab_size")
@@ -196,7 +207,9 @@ def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=
     paths = [("blocks", b, *leaf) for b in (0, last - 1)
              for leaf in (("attn", "q", "kernel"), ("mlp", "fc1", "kernel"))]
   rows = []
-  for path in paths:
+  for k, path in enumerate(paths):
+    if progress is not None:
+      progress(f"{run_dir.name}: matrix {k + 1}/{len(paths)} {'/'.join(map(str, path))}")
     leaf = _get(params, path)
     own = _get(bases, path) if bases is not None else None
     if own is not None and own[0] is not None and own[1] is not None:
@@ -238,23 +251,35 @@ def main(argv=None):
   parser.add_argument("--exact-limit", type=int, default=4096, help="blocks with at most this many "
                       "entries are measured exactly from HVPs (default 4096), larger ones estimated")
   parser.add_argument("--markdown", help="also write the table (with the command) to this file")
+  parser.add_argument("--json", help="also write every row (per run, per matrix) to this JSON file")
   args = parser.parse_args(argv)
-  if args.markdown:
-    sweep.check_file(pathlib.Path(args.markdown), "--markdown")
+  if args.samples < 1:
+    raise ValueError(f"--samples must be >= 1, got {args.samples}")
+  if args.exact_limit < 0:
+    raise ValueError(f"--exact-limit must be >= 0, got {args.exact_limit}")
+  outputs = [(flag, pathlib.Path(path)) for flag, path in (("--markdown", args.markdown),
+                                                            ("--json", args.json)) if path]
+  for flag, path in outputs:  # before the minutes of measurements
+    sweep.check_file(path, flag)
+    if not path.parent.is_dir():
+      raise ValueError(f"{flag} {str(path)!r}: the folder {str(path.parent)!r} does not exist")
+  for run_dir in args.run_dirs:
+    check_run_dir(run_dir)
   by_run = {}
   for run_dir in map(pathlib.Path, args.run_dirs):
-    rows = analyse(run_dir, samples=args.samples, data_path=args.data, exact_limit=args.exact_limit)
-    (run_dir / "hessian.json").write_text(json.dumps(rows, indent=1))
-    by_run[run_dir.name] = rows
+    by_run[run_dir.name] = analyse(run_dir, samples=args.samples, data_path=args.data,
+                                   exact_limit=args.exact_limit, progress=lambda m: print(m, flush=True))
   lines = table(by_run)
   print("\n".join(lines))
+  if args.json:
+    pathlib.Path(args.json).write_text(json.dumps(by_run, indent=1))
   if args.markdown:
     command = " ".join(["python -m experiments.hessian"] + (sys.argv[1:] if argv is None else list(argv)))
     code = runs.code_version()
     pathlib.Path(args.markdown).write_text(
         f"Command: `{command}`  \nCode: {code}\n\n" + "\n".join(lines) + "\n")
-  also = f", {args.markdown}" if args.markdown else ""
-  print(f"written hessian.json in {len(by_run)} run folder(s){also}")
+  if outputs:
+    print(f"written {', '.join(str(p) for _, p in outputs)}")
 
 
 if __name__ == "__main__":

@@ -12,10 +12,12 @@ gradient norm, seconds) while the run trains.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import os
 import pathlib
 import platform
@@ -476,6 +478,19 @@ def _lag(pipe) -> int:
 TMP_CHECKPOINT = "*.orbax-checkpoint-tmp*"  # Orbax's folder for a save in progress
 
 
+@contextlib.contextmanager
+def _quiet_orbax():
+  """Orbax's absl warnings (``Waiting for previous save to complete took 3.03 seconds``) kept out
+  of a sweep's output while it saves or restores; errors still show."""
+  logger = logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(max(level, logging.ERROR))
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
 def layout(tree) -> str:
   """A fingerprint of a state's tree structure, leaf shapes and dtypes (32 hex digits)."""
   leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
@@ -523,9 +538,10 @@ class _Checkpoints:
     item = {"state": state} if packed is None else {"packed": packed}
     self.directory.mkdir(parents=True, exist_ok=True)
     write_json(self.directory / "code.json", code_version())  # before any checkpoint of this code
-    self.manager.save(step, args=ocp.args.StandardSave({**item, "losses": losses, "val": val_losses}),
-                      custom_metadata={"layout": layout(state)})
-    self.manager.wait_until_finished()
+    with _quiet_orbax():
+      self.manager.save(step, args=ocp.args.StandardSave({**item, "losses": losses, "val": val_losses}),
+                        custom_metadata={"layout": layout(state)})
+      self.manager.wait_until_finished()
 
   def _set_aside(self, steps, where: str) -> None:
     """Moves the checkpoints of ``steps`` out of Orbax's folder: every process has stopped reading
@@ -562,8 +578,9 @@ class _Checkpoints:
       item = {"packed": pack(template, shapes_only=True), **tables}
     else:
       item = {"state": template, **tables}
-    got = self.manager.restore(step, args=ocp.args.StandardRestore(
-        jax.tree.map(ocp.utils.to_shape_dtype_struct, item)))
+    with _quiet_orbax():
+      got = self.manager.restore(step, args=ocp.args.StandardRestore(
+          jax.tree.map(ocp.utils.to_shape_dtype_struct, item)))
     if "packed" in got:
       got["state"] = unpack(got["packed"], template)
     return got

@@ -95,10 +95,16 @@ def test_bad_run_folders_are_one_line_errors(tmp_path, capsys):
     assert sweep.cli([str(path)], entry=hessian.main) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(match, err), err
-  # a folder as the table's file: refused before any run is read
-  assert sweep.cli([str(tmp_path / "nope"), "--markdown", str(tmp_path)], entry=hessian.main) == 2
-  err = capsys.readouterr().err
-  assert "--markdown" in err and "is a folder, not a file" in err, err
+  # a folder as the table's file, a missing folder, bad numbers: refused before any run is read
+  bad = [(["--markdown", str(tmp_path)], "--markdown .* is a folder, not a file"),
+         (["--json", str(tmp_path / "no" / "h.json")], "--json .*the folder .*no' does not exist"),
+         (["--markdown", str(tmp_path / "no" / "h.md")], "--markdown .*the folder .*no' does not exist"),
+         (["--exact-limit", "-3"], "--exact-limit must be >= 0, got -3"),
+         (["--samples", "0"], "--samples must be >= 1, got 0")]
+  for flags, match in bad:
+    assert sweep.cli([str(tmp_path / "nope"), *flags], entry=hessian.main) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(match, err), err
 
 
 def test_table_has_one_row_per_run_and_matrix():

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 import pathlib
 import shutil
 
@@ -276,3 +277,20 @@ def test_bad_values_are_refused_by_name(field, value):
   lower = 0 if field == "seed" else 1
   with pytest.raises(ValueError, match=f"{field} must be >= {lower}, got {value}"):
     dataclasses.replace(CONFIG, **{field: value}).validate()
+
+
+def test_orbax_warnings_stay_out_of_the_output(tmp_path, monkeypatch, caplog):
+  from absl import logging as absl_logging
+  ckpt = runs._Checkpoints(tmp_path / "checkpoints")
+  wait = ckpt.manager.wait_until_finished
+
+  def slow_wait():  # what Orbax says when a save waited for the previous one
+    absl_logging.warning("Waiting for previous save to complete took 3.03 seconds")
+    return wait()
+
+  monkeypatch.setattr(ckpt.manager, "wait_until_finished", slow_wait)
+  with caplog.at_level(logging.WARNING):
+    ckpt.save(10, {"w": jnp.ones(3)}, np.zeros(2, np.float32), np.zeros(1, np.float32))
+    assert not [r for r in caplog.records if "Waiting for previous save" in r.getMessage()]
+    absl_logging.warning("an absl warning outside a save still shows")
+    assert [r for r in caplog.records if "outside a save still shows" in r.getMessage()]
