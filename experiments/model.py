@@ -38,6 +38,14 @@ class ModelConfig:
     activation: MLP nonlinearity, one of ``relu``, ``gelu``, ``silu``.
     num_experts: 0 for a dense MLP, else the number of MoE experts.
     top_k: experts per token when ``num_experts > 0``.
+    remat: ``None`` (keep every activation for the backward pass) or the name of a
+      ``jax.checkpoint_policies`` policy (``"nothing_saveable"``: keep only each block's input and
+      recompute the block in the backward pass, one extra forward; ``"dots_with_no_batch_dims_saveable"``
+      keeps the weight matmuls' outputs). Applied per Transformer block. Same gradients.
+    loss_chunk: ``None`` (the loss from the full logits) or tokens per chunk: the output head and the
+      cross-entropy are computed chunk by chunk and recomputed in the backward pass, so that the
+      ``(tokens, vocab_size)`` logits never exist at once (a 50,257 vocabulary: 3.3 GB per
+      micro-batch of 32 x 512 tokens). Same loss and gradients to float32 round-off.
   """
 
   num_blocks: int = 32
@@ -49,6 +57,8 @@ class ModelConfig:
   activation: str = "relu"
   num_experts: int = 0
   top_k: int = 2
+  remat: str | None = None
+  loss_chunk: int | None = None
 
   def __post_init__(self):
     for name in ("num_blocks", "width", "num_heads", "context", "vocab_size", "mlp_ratio"):
@@ -58,6 +68,11 @@ class ModelConfig:
       raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
     if self.activation not in _ACTIVATIONS:
       raise ValueError(f"unknown activation {self.activation!r}; choose from {sorted(_ACTIVATIONS)}")
+    if self.remat is not None and not callable(getattr(jax.checkpoint_policies, str(self.remat), None)):
+      raise ValueError(f"unknown remat policy {self.remat!r}; choose a jax.checkpoint_policies name, "
+                       "e.g. 'nothing_saveable'")
+    if self.loss_chunk is not None and self.loss_chunk < 1:
+      raise ValueError(f"ModelConfig.loss_chunk must be None or >= 1, got {self.loss_chunk}")
     if self.num_experts < 0 or (self.num_experts and not 1 <= self.top_k <= self.num_experts):
       raise ValueError(
           f"need num_experts >= 0 and 1 <= top_k <= num_experts, got {self.num_experts}, {self.top_k}")
@@ -92,11 +107,8 @@ class Attention(nnx.Module):
   def __call__(self, x):
     b, t, d = x.shape
     split = lambda y: y.reshape(b, t, self.num_heads, d // self.num_heads)
-    q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d // self.num_heads).astype(x.dtype)
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
-    out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), v)
+    # JAX's fused attention: cuDNN's flash kernel on GPUs (no (t, t) scores kept), XLA elsewhere.
+    out = jax.nn.dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)), is_causal=True)
     return self.o(out.reshape(b, t, d))
 
 
@@ -194,6 +206,33 @@ class Head(nnx.Module):
     return self.out(self.ln_f(x))
 
 
+def run_blocks(block_graphdef, block_params: list, x, remat: str | None):
+  """Transformer blocks in order: ``(x, sum of their aux losses)``.
+
+  Without ``remat`` a plain loop. With it, a ``lax.scan`` over the blocks' stacked parameters whose
+  body is ``jax.checkpoint``-ed with the named ``jax.checkpoint_policies`` policy: the backward pass
+  keeps only each block's input and recomputes the block. (The scan matters: XLA schedules the
+  recomputations of an unrolled loop of checkpoints early, and the CPU program's temporaries then
+  stay those of no remat: 276 MiB per paper-95m block at batch 8 either way, against 20 MiB scanned.)
+  """
+  aux = jnp.zeros((), jnp.float32)
+  if remat is None:
+    for params in block_params:
+      x, a = nnx.merge(block_graphdef, params)(x)
+      aux = aux + a.astype(jnp.float32)
+    return x, aux
+
+  def body(carry, params):
+    h, total = carry
+    h, a = nnx.merge(block_graphdef, params)(h)
+    return (h, total + a.astype(jnp.float32)), None
+
+  body = jax.checkpoint(body, policy=getattr(jax.checkpoint_policies, remat))
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *block_params)
+  (x, aux), _ = jax.lax.scan(body, (x, aux), stacked)
+  return x, aux
+
+
 class Transformer(nnx.Module):
   """Decoder-only Transformer; ``model(tokens) -> (logits, aux_loss)``.
 
@@ -209,11 +248,15 @@ class Transformer(nnx.Module):
     self.head = Head(cfg, rngs)
 
   def __call__(self, tokens):
-    x, aux = self.embed(tokens), jnp.zeros((), jnp.float32)
-    for block in self.blocks:
-      x, a = block(x)
-      aux = aux + a
-    return self.head(x), aux
+    x, aux = self.features(tokens)
+    return self.head.out(x), aux
+
+  def features(self, tokens):
+    """``tokens -> (final hidden state after the last LayerNorm, aux_loss)``: everything but the
+    output projection (which ``chunked_cross_entropy`` applies chunk by chunk)."""
+    split = [nnx.split(block) for block in self.blocks]
+    x, aux = run_blocks(split[0][0], [params for _, params in split], self.embed(tokens), self.cfg.remat)
+    return self.head.ln_f(x), aux
 
 
 def init(cfg: ModelConfig, seed: int = 0):
@@ -252,6 +295,38 @@ def cross_entropy(logits, targets):
   return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
 
 
+def chunked_cross_entropy(hidden, kernel, bias, targets, chunk: int):
+  """``cross_entropy(hidden @ kernel + bias, targets)`` without the full logits: the tokens are
+  taken ``chunk`` at a time (the last chunk padded and masked), each chunk's logits computed, reduced
+  and recomputed in the backward pass (``jax.checkpoint``), so at most one chunk's ``(chunk, vocab)``
+  logits exist at once.
+
+  Args:
+    hidden: ``(..., width)`` final hidden states (after the last LayerNorm).
+    kernel: ``(width, vocab)`` output projection.
+    bias: ``(vocab,)``.
+    targets: ``(...)`` integer ids.
+    chunk: tokens per chunk.
+  """
+  h = hidden.reshape(-1, hidden.shape[-1])
+  y = targets.reshape(-1)
+  n = h.shape[0]
+  chunk = min(chunk, n)
+  pad = -n % chunk
+  h = jnp.pad(h, ((0, pad), (0, 0))).reshape(-1, chunk, h.shape[-1])
+  y = jnp.pad(y, (0, pad)).reshape(-1, chunk)
+  valid = (jnp.arange(n + pad) < n).reshape(-1, chunk)
+
+  @jax.checkpoint
+  def nll(args):
+    hc, yc, vc = args
+    logits = (hc @ kernel.astype(hc.dtype) + bias.astype(hc.dtype)).astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.sum(jnp.where(vc, jnp.take_along_axis(logp, yc[:, None], axis=-1)[:, 0], 0.0))
+
+  return jnp.sum(jax.lax.map(nll, (h, y, valid))) / n
+
+
 DTYPES = ("float32", "bfloat16")
 
 
@@ -270,8 +345,14 @@ def make_loss(graphdef, moe_coef: float = 0.01, dtype: str = "float32") -> Calla
   the forward in ``dtype`` (see ``compute_dtype``), the loss in float32."""
 
   def loss_fn(params, batch):
-    logits, aux = forward(graphdef, compute_dtype(params, dtype), batch[0])
-    return cross_entropy(logits, batch[1]) + moe_coef * aux
+    model = nnx.merge(graphdef, compute_dtype(params, dtype))
+    if model.cfg.loss_chunk is None:
+      logits, aux = model(batch[0])
+      return cross_entropy(logits, batch[1]) + moe_coef * aux
+    hidden, aux = model.features(batch[0])
+    out = model.head.out
+    return (chunked_cross_entropy(hidden, out.kernel[...], out.bias[...], batch[1], model.cfg.loss_chunk)
+            + moe_coef * aux)
 
   return loss_fn
 
@@ -320,9 +401,8 @@ def stage_functions(cfg: ModelConfig, num_stages: int, dtype: str = "float32"):
       if k == 0:
         act = (nnx.merge(emb_g, p["embed"])(act), jnp.zeros((), jnp.float32))
       h, aux = act
-      for i in range(k * per, (k + 1) * per):
-        h, a = nnx.merge(blk_g, p["blocks"][i])(h)
-        aux = aux + a.astype(jnp.float32)
+      h, a = run_blocks(blk_g, [p["blocks"][i] for i in range(k * per, (k + 1) * per)], h, cfg.remat)
+      aux = aux + a
       if k == num_stages - 1:
         h = nnx.merge(head_g, p["head"])(h)
       return h, aux

@@ -83,7 +83,8 @@ PRESETS = {
         learning_rates=(("default", 3e-3), ("nesterov", 3e-3), ("rotation", 6e-3))),
     "gpu-95m": Preset(
         name="gpu-95m", template=RunConfig(model="paper-95m", batch_size=32, steps=10000, chunk=100,
-                                           eval_every=1000, eval_batches=8, checkpoint_every=1000),
+                                           eval_every=1000, eval_batches=8, checkpoint_every=1000,
+                                           remat="nothing_saveable", loss_chunk=2048),
         stages=(1, 2, 4, 8, 16, 32), methods=_MAIN, learning_rates=(("default", 1e-3),),
         ablations=("variants", "stage-aware", "no-stashing", "refresh-period"),
         smooth_fraction=0.02),

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import nnx
 from jax.experimental import multihost_utils
 
 import pipeline_sim as ps
@@ -94,6 +95,10 @@ class RunConfig:
       fresh update, and the sign-flip rate along the top eigenvectors) over the next
       ``diagnose_steps`` micro-batches as trial steps; the run's own numbers do not change.
     diagnose_steps: length of each diagnostic window.
+    remat: rematerialise each Transformer block with this ``jax.checkpoint_policies`` policy
+      (``ModelConfig.remat``; ``None``: keep every activation). Memory, not numbers.
+    loss_chunk: tokens per chunk of the output head and loss (``ModelConfig.loss_chunk``; ``None``:
+      the full logits). Memory, not numbers (to float32 round-off).
   """
 
   method: str = "pipedream"
@@ -127,6 +132,8 @@ class RunConfig:
   tag: str = ""
   diagnose_every: int | None = None
   diagnose_steps: int = 16
+  remat: str | None = None
+  loss_chunk: int | None = None
 
   @property
   def name(self) -> str:
@@ -140,6 +147,8 @@ class RunConfig:
     blocks += f"-wu{self.warmup_steps}" if self.warmup_steps is not None else ""
     blocks += f"-b2_{self.b2:g}" if self.b2 != 0.999 else ""
     blocks += f"-diag{self.diagnose_every}" if self.diagnose_every else ""
+    blocks += "-remat" if self.remat else ""
+    blocks += f"-lc{self.loss_chunk}" if self.loss_chunk else ""
     tag = f"_{self.tag}" if self.tag else ""
     return (f"{self.model}{blocks}_{self.mode}_{self.method}_P{self.stages}_lr{self.lr:g}"
             f"_n{self.steps}_s{self.seed}{tag}")
@@ -149,7 +158,8 @@ class RunConfig:
     width = self.width or cfg.width
     return dataclasses.replace(cfg, vocab_size=vocab_size, num_blocks=self.num_blocks or cfg.num_blocks,
                                context=self.context or cfg.context, width=width,
-                               num_heads=max(1, width // (cfg.width // cfg.num_heads)))
+                               num_heads=max(1, width // (cfg.width // cfg.num_heads)),
+                               remat=self.remat, loss_chunk=self.loss_chunk)
 
   def validate(self) -> None:
     """Every check that can fail before training starts."""
@@ -184,6 +194,8 @@ class RunConfig:
     head = model_lib.CONFIGS[self.model].width // model_lib.CONFIGS[self.model].num_heads
     if self.width is not None and (self.width < head or self.width % head):
       raise ValueError(f"width {self.width} must be a positive multiple of the model's head size {head}")
+    if self.width is None or not (self.width < head or self.width % head):
+      self.model_config(256)  # the model's own checks (remat policy, loss_chunk)
     if self.dtype not in model_lib.DTYPES:
       raise ValueError(f"unknown dtype {self.dtype!r}; choose from {model_lib.DTYPES}")
     if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
@@ -205,7 +217,14 @@ class RunConfig:
 # Options added after runs were recorded, left out of the identity while at the value that means
 # "not used", so that adding an option never invalidates finished runs that do not use it.
 OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False, "warmup_steps": None,
-                   "b2": 0.999, "diagnose_every": None, "diagnose_steps": 16, "width": None}
+                   "b2": 0.999, "diagnose_every": None, "diagnose_steps": 16, "width": None,
+                   "remat": None, "loss_chunk": None}
+
+# The model's numerics, part of every run's identity: 1 for runs made with the model's own einsum
+# attention (every run published before December 2026), 2 since attention is
+# ``jax.nn.dot_product_attention`` (the same numbers to float32 round-off, so another trajectory:
+# another run, never one name for two sets of numbers).
+MODEL_REVISION = 2
 
 
 def device_count(config: RunConfig) -> int:
@@ -235,7 +254,8 @@ def identity(config: RunConfig, data_sha256: str, vocab_size: int, devices: int 
   config = canonical(config)
   fields = {k: v for k, v in dataclasses.asdict(config).items()
             if not (k in OPTIONAL_FIELDS and v == OPTIONAL_FIELDS[k])}
-  out = {"config": fields, "data_sha256": data_sha256, "vocab_size": vocab_size}
+  out = {"config": fields, "data_sha256": data_sha256, "vocab_size": vocab_size,
+         "model_revision": MODEL_REVISION}
   if devices != 1:
     out["devices"] = int(devices)
   return out
@@ -686,7 +706,7 @@ def check_identity(run_dir: pathlib.Path, ident: dict) -> None:
   if saved != ident:
     keys = set(ident["config"]) | set(saved.get("config", {}))
     diff = sorted(k for k in keys if saved.get("config", {}).get(k) != ident["config"].get(k))
-    diff += [k for k in ("data_sha256", "vocab_size") if saved.get(k) != ident[k]]
+    diff += [k for k in ("data_sha256", "vocab_size", "model_revision") if saved.get(k) != ident.get(k)]
     raise ValueError(f"{run_dir} holds a run with other settings ({', '.join(diff)} differ); "
                      "use another --out or remove that folder")
 
@@ -876,28 +896,87 @@ def xla_flops(program) -> float:
   return float(analysis.get("flops", 0.0))
 
 
-def estimate(config: RunConfig, ds: Dataset) -> dict:
-  """What one run will cost, without training it: XLA's FLOPs per step and memory of the compiled
-  chunk, and a time estimate from one timed chunk after compilation."""
-  pipe, state, _, _ = build(config, ds)
-  context = config.model_config(ds.vocab_size).context
-  batches = ds.batches(config.seed, 0, config.chunk, config.batch_size, context)
+def compile_chunk(config: RunConfig, vocab_size: int, context: int | None = None):
+  """The compiled chunk program of an emulated run, from shapes only (nothing allocated, nothing
+  run): ``(compiled, seconds to compile)``. Its ``memory_analysis()`` is what a device needs."""
+  cfg = config.model_config(vocab_size)
+  context = context or cfg.context
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: model_lib.Transformer(cfg, nnx.Rngs(0))), nnx.Param)
+  params = nnx.to_pure_dict(params)
+  loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
+  w = config.moe_loss_weight
+  staged = ps.Staged(model_lib.stage_functions(cfg, config.stages, config.dtype),
+                     loss_of=lambda out, batch: model_lib.cross_entropy(out[0], batch[1]) + w * out[1])
+  pipe = ps.Pipeline(loss_fn, methods.stage_optimizers(config), model_lib.stage_labels(params, config.stages),
+                     mode=config.mode, staged=staged if config.mode == "no_stashing" else None,
+                     grad_norms=True)
+  state = jax.eval_shape(pipe._init, params)
+  tokens = jax.ShapeDtypeStruct((config.chunk, config.batch_size, context), np.int32)
   t0 = time.perf_counter()
-  if isinstance(pipe, ps.DevicePipeline):
-    lowered, args = pipe.lower(state, batches), (state, batches, True)
+  compiled = pipe.run.lower(state, (tokens, tokens)).compile()
+  return compiled, time.perf_counter() - t0
+
+
+def memory(compiled) -> dict:
+  """Bytes of a compiled program from XLA's memory analysis: arguments, outputs (less those that
+  reuse donated arguments), temporaries, and their sum ``total``."""
+  m = compiled.memory_analysis()
+  get = lambda name: int(getattr(m, name, 0) or 0) if m is not None else 0
+  out = {"arguments": get("argument_size_in_bytes"), "temporaries": get("temp_size_in_bytes"),
+         "outputs": max(0, get("output_size_in_bytes") - get("alias_size_in_bytes"))}
+  out["total"] = sum(out.values())
+  return out
+
+
+def device_memory() -> tuple[int | None, str]:
+  """(bytes one device can hold, where that figure comes from): JAX's ``memory_stats()`` on
+  accelerators; the machine's physical memory on the CPU backend; ``None`` where neither is known."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"]), f"{jax.local_devices()[0].device_kind} memory_stats"
+  if jax.default_backend() == "cpu" and hasattr(os, "sysconf"):
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's physical memory"
+  return None, "unknown"
+
+
+def estimate(config: RunConfig, ds: Dataset, time_budget: float = 120.0) -> dict:
+  """What one run will cost, without training it: XLA's FLOPs per step and the memory of the
+  compiled chunk program (from shapes: nothing allocated), compared with the device's memory; then,
+  only if it fits and XLA's FLOPs say a chunk takes at most ``time_budget`` seconds at 1 TFLOP/s, a
+  time estimate from one timed chunk. ``skipped`` says why a run was not timed."""
+  context = config.model_config(ds.vocab_size).context
+  if config.execution == "devices":  # the device pipeline's program is lowered from its real state
+    pipe, state, _, _ = build(config, ds)
+    batches = ds.batches(config.seed, 0, config.chunk, config.batch_size, context)
+    t0 = time.perf_counter()
+    compiled = pipe.lower(state, batches).compile()
+    compile_seconds, args = time.perf_counter() - t0, (state, batches, True)
   else:
-    lowered, args = pipe.run.lower(state, batches), (state, batches)
-  compiled = lowered.compile()
-  compile_seconds = time.perf_counter() - t0
-  memory = compiled.memory_analysis()
-  nbytes = lambda name: int(getattr(memory, name, 0) or 0) if memory is not None else 0
+    compiled, compile_seconds = compile_chunk(config, ds.vocab_size, context)
+    pipe = args = None
+  mem = memory(compiled)
+  limit, source = device_memory()
+  out = {"flops_per_step": xla_flops(compiled),  # a scan's body is counted once: one step
+         "memory_bytes": mem["total"], "memory": mem, "device_bytes": limit, "device_source": source,
+         "compile_seconds": compile_seconds, "steps_per_second": None, "estimated_seconds": None,
+         "skipped": None}
+  if limit is not None and mem["total"] > limit:
+    out["skipped"] = (f"needs {mem['total'] / 2**30:.1f} GiB, more than the {limit / 2**30:.1f} GiB of "
+                      f"{source}: not run; lower it with --remat nothing_saveable, --loss-chunk, a "
+                      "smaller --batch-size or more pipeline stages over devices")
+    return out
+  guess = out["flops_per_step"] * config.chunk / 1e12
+  if jax.default_backend() == "cpu" and guess > time_budget:
+    out["skipped"] = f"not timed: a chunk is {out['flops_per_step'] * config.chunk / 1e12:.0f} TFLOP here"
+    return out
+  if args is None:
+    pipe, state, _, _ = build(config, ds)
+    args = (state, ds.batches(config.seed, 0, config.chunk, config.batch_size, context))
   t0 = time.perf_counter()
   jax.block_until_ready(compiled(*args))
   rate = config.chunk / (time.perf_counter() - t0)
-  return {"flops_per_step": xla_flops(compiled),  # a scan's body is counted once: one step
-          "memory_bytes": nbytes("argument_size_in_bytes") + nbytes("temp_size_in_bytes"),
-          "compile_seconds": compile_seconds, "steps_per_second": rate,
-          "estimated_seconds": compile_seconds + config.steps / rate}
+  out.update(steps_per_second=rate, estimated_seconds=compile_seconds + config.steps / rate)
+  return out
 
 
 def _truncate_log(log: pathlib.Path, step: int) -> None:

@@ -70,6 +70,12 @@ def parse_args(argv=None):
                       "rotation's L, R statistics follow it)")
   parser.add_argument("--dtype", choices=model_lib.DTYPES, help="activations and matmuls (default "
                       "float32; bfloat16 keeps float32 parameters and optimizer states)")
+  parser.add_argument("--remat", help="rematerialise each Transformer block with this "
+                      "jax.checkpoint_policies policy, e.g. nothing_saveable (default: the preset's; gpu "
+                      "presets: nothing_saveable; 'none' turns it off); memory, not numbers")
+  parser.add_argument("--loss-chunk", type=int, help="tokens per chunk of the output head and loss, so "
+                      "that the full logits never exist (default: the preset's; gpu presets: 2048; 0 "
+                      "turns it off)")
   parser.add_argument("--data", help="a text file (bytes) or a nanoGPT-style uint16 .bin token file; "
                       "default: the Python standard library's source")
   parser.add_argument("--vocab-size", type=int, help="vocabulary of a .bin token file (default 50257)")
@@ -190,6 +196,12 @@ def make_preset(args) -> presets_lib.Preset:
     over["refresh_every"] = args.refresh_every
   if args.dtype is not None:
     over["dtype"] = args.dtype
+  if args.remat is not None:
+    over["remat"] = None if args.remat == "none" else args.remat  # RunConfig.validate checks the name
+  if args.loss_chunk is not None:
+    if args.loss_chunk < 0:
+      raise ValueError(f"--loss-chunk must be >= 0 (0: off), got {args.loss_chunk}")
+    over["loss_chunk"] = args.loss_chunk or None
   if args.execution is not None:
     over["execution"] = args.execution
   if args.fsdp:
@@ -493,22 +505,34 @@ def exclusive(out: pathlib.Path):
 
 
 def dry_run(plan: Plan, ds, out: pathlib.Path) -> list:
-  """Prints the plan and the estimated cost of every unfinished run; returns the rows."""
+  """Prints the plan and, for every unfinished run, its compiled program's FLOPs per step and memory
+  (from shapes, before anything runs) against the device's memory, and an estimated time from one
+  timed chunk where it fits and is quick enough to time here; returns the rows."""
   rows, total = [], 0.0
-  print(f"{'group':<14} {'run':<64} {'state':<8} {'GFLOP/step':>10} {'MiB':>8} {'est. s':>8}")
+  limit, source = runs.device_memory()
+  print(f"device memory: {'unknown' if limit is None else f'{limit / 2**30:.1f} GiB'} ({source})")
+  print(f"{'group':<14} {'run':<64} {'state':<8} {'GFLOP/step':>10} {'args GiB':>8} {'temp GiB':>8} "
+        f"{'est. s':>8}")
   for group, c in [("main", c) for c in plan.main] + list(plan.ablations):
     run_dir = run_dir_of(c, ds, out)
     done = (run_dir / "result.json").exists()
     row = {"group": group, "run": run_dir.name, "cached": done}
     if not done:
       row.update(runs.estimate(c, ds))
-      total += row["estimated_seconds"]
+      total += row["estimated_seconds"] or 0.0
     rows.append(row)
-    cost = ("" if done else f"{row['flops_per_step'] / 1e9:>10.3f} {row['memory_bytes'] / 2**20:>8.1f} "
-            f"{row['estimated_seconds']:>8.0f}")
-    print(f"{group:<14} {c.name:<64} {'cached' if done else 'to run':<8} {cost}")
-  print(f"{len(rows)} runs, {sum(not r['cached'] for r in rows)} to run, estimated {total / 60:.1f} min "
-        "(compilation included; measured on this machine now)")
+    cost = ""
+    if not done:
+      mem = row["memory"]
+      timed = f"{row['estimated_seconds']:>8.0f}" if row["estimated_seconds"] is not None else f"{'-':>8}"
+      cost = (f"{row['flops_per_step'] / 1e9:>10.3f} {mem['arguments'] / 2**30:>8.2f} "
+              f"{mem['temporaries'] / 2**30:>8.2f} {timed}")
+    print(f"{group:<14} {c.name:<64} {'cached' if done else 'to run':<8} {cost}", flush=True)
+    if row.get("skipped"):
+      print(f"{'':<14} {row['skipped']}", flush=True)
+  timed = sum(r.get("estimated_seconds") is not None for r in rows)
+  print(f"{len(rows)} runs, {sum(not r['cached'] for r in rows)} to run, {timed} timed: estimated "
+        f"{total / 60:.1f} min for those (compilation included; measured on this machine now)")
   return rows
 
 

@@ -1,4 +1,7 @@
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -100,6 +103,10 @@ def test_bad_config():
     model_lib.ModelConfig(width=32, num_heads=3)
   with pytest.raises(ValueError, match="unknown activation 'tanhh'"):
     model_lib.ModelConfig(activation="tanhh")
+  with pytest.raises(ValueError, match="unknown remat policy 'everything'"):
+    model_lib.ModelConfig(remat="everything")
+  with pytest.raises(ValueError, match="loss_chunk must be None or >= 1, got 0"):
+    model_lib.ModelConfig(loss_chunk=0)
 
 
 def test_moe_routing_and_balance_loss():
@@ -138,3 +145,63 @@ def test_sequences_longer_than_the_context_are_an_error_at_trace_time(tiny):
   stage0 = model_lib.stage_functions(TINY, 2)[0]
   with pytest.raises(ValueError, match="longer than the model's context"):
     stage0(params, long)
+
+
+def _reference_attention(q, k, v):
+  """The model's attention before jax.nn.dot_product_attention: explicit scores, causal mask."""
+  t, d = q.shape[1], q.shape[-1]
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d).astype(q.dtype)
+  logits = jnp.where(jnp.tril(jnp.ones((t, t), bool)), logits, jnp.finfo(logits.dtype).min)
+  return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), v)
+
+
+def test_attention_equals_explicit_causal_softmax_attention(tiny, monkeypatch):
+  graphdef, params, tokens = tiny
+  loss = lambda p: model_lib.make_loss(graphdef)(p, (tokens, tokens))
+  value, grads = jax.jit(jax.value_and_grad(loss))(params)
+  monkeypatch.setattr(jax.nn, "dot_product_attention",
+                      lambda q, k, v, is_causal: _reference_attention(q, k, v))
+  want, want_grads = jax.value_and_grad(loss)(params)
+  np.testing.assert_allclose(value, want, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, want_grads)
+
+
+@pytest.mark.parametrize("remat", ["nothing_saveable", "dots_with_no_batch_dims_saveable"])
+def test_rematerialised_blocks_give_the_same_gradients(tiny, remat):
+  graphdef, params, tokens = tiny
+  cfg = dataclasses.replace(TINY, remat=remat)
+  graphdef_r, params_r = model_lib.init(cfg, seed=0)
+  jax.tree.map(np.testing.assert_array_equal, params_r, params)
+  grad = lambda g: jax.jit(jax.grad(lambda p: model_lib.make_loss(g)(p, (tokens, tokens))))(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grad(graphdef_r),
+               grad(graphdef))
+  # the staged functions (devices, no_stashing) rematerialise too, to the same numbers
+  stages = model_lib.stage_functions(cfg, 2)
+  act = tokens
+  for f in stages:
+    act = f(params, act)
+  np.testing.assert_allclose(act[0], model_lib.forward(graphdef, params, tokens)[0], rtol=1e-5, atol=1e-6)
+  # and the blocks run as one scan whose body is a checkpoint with the named policy
+  eqns = jax.make_jaxpr(lambda p: model_lib.make_loss(graphdef_r)(p, (tokens, tokens)))(params).eqns
+  scans = [e for e in eqns if e.primitive.name == "scan"]
+  assert len(scans) == 1 and scans[0].params["length"] == TINY.num_blocks
+  body = scans[0].params["jaxpr"].jaxpr.eqns
+  assert [e.params["policy"] for e in body if e.primitive.name in ("checkpoint", "remat2")] == [
+      getattr(jax.checkpoint_policies, remat)]
+
+
+@pytest.mark.parametrize("chunk", [7, 16, 64, 10_000])  # ragged, even, whole and larger than the batch
+def test_chunked_cross_entropy_equals_the_plain_one(tiny, chunk):
+  graphdef, params, tokens = tiny
+  graphdef_c, _ = model_lib.init(dataclasses.replace(TINY, loss_chunk=chunk), seed=0)
+  plain = jax.jit(jax.value_and_grad(lambda p: model_lib.make_loss(graphdef)(p, (tokens, tokens))))
+  chunked = jax.jit(jax.value_and_grad(lambda p: model_lib.make_loss(graphdef_c)(p, (tokens, tokens))))
+  (v0, g0), (v1, g1) = plain(params), chunked(params)
+  np.testing.assert_allclose(v1, v0, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), g1, g0)
+  # the chunk function is a checkpointed map: at most one chunk's logits, recomputed backwards
+  hidden = jnp.zeros((64, 32))
+  jaxpr = jax.make_jaxpr(lambda k: model_lib.chunked_cross_entropy(
+      hidden, k, jnp.zeros(50257), jnp.zeros(64, jnp.int32), 16))(jnp.zeros((32, 50257)))
+  assert not any(v.aval.shape[:1] == (64,) and 50257 in v.aval.shape
+                 for e in jaxpr.jaxpr.eqns for v in e.outvars if hasattr(v.aval, "shape"))
