@@ -21,6 +21,7 @@ import logging
 import os
 import pathlib
 import platform
+import re
 import shutil
 import subprocess
 import time
@@ -832,7 +833,12 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
     if not on_devices:
       batches = ps.shard_batches(batches, mesh)
     t0 = time.perf_counter()
-    state, done, chunk_losses, grad_norms = _advance(pipe, state, batches, step)
+    try:
+      state, done, chunk_losses, grad_norms = _advance(pipe, state, batches, step)
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      raise OutOfMemory(out_of_memory(config, run_dir.name, e)) from None
     elapsed = time.perf_counter() - t0
     timing["seconds"] += elapsed
     if first_chunk:  # includes compilation: kept out of the steady-state rate
@@ -894,6 +900,25 @@ def xla_flops(program) -> float:
   analysis = program.cost_analysis()
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
   return float(analysis.get("flops", 0.0))
+
+
+class OutOfMemory(ValueError):
+  """A run that does not fit the device's memory (one line: the run, the bytes, what lowers them)."""
+
+
+def memory_options(config: RunConfig) -> str:
+  """The settings that lower a run's memory, those it does not use yet first."""
+  options = [] if config.remat else ["--remat nothing_saveable"]
+  options += [] if config.loss_chunk else ["--loss-chunk 2048"]
+  options += ["a smaller --batch-size", "--execution devices (one stage per device)", "--fsdp"]
+  return ", ".join(options)
+
+
+def out_of_memory(config: RunConfig, name: str, error) -> str:
+  found = re.search(r"allocating (\d+) bytes", str(error))
+  needed = f"{int(found.group(1)) / 2**30:.1f} GiB more" if found else "more memory"
+  return (f"run {name} ran out of device memory (it needed {needed} than the device had); lower it "
+          f"with {memory_options(config)}")
 
 
 def compile_chunk(config: RunConfig, vocab_size: int, context: int | None = None):
@@ -962,8 +987,7 @@ def estimate(config: RunConfig, ds: Dataset, time_budget: float = 120.0) -> dict
          "skipped": None}
   if limit is not None and mem["total"] > limit:
     out["skipped"] = (f"needs {mem['total'] / 2**30:.1f} GiB, more than the {limit / 2**30:.1f} GiB of "
-                      f"{source}: not run; lower it with --remat nothing_saveable, --loss-chunk, a "
-                      "smaller --batch-size or more pipeline stages over devices")
+                      f"{source}: not timed; lower it with {memory_options(config)}")
     return out
   guess = out["flops_per_step"] * config.chunk / 1e12
   if jax.default_backend() == "cpu" and guess > time_budget:

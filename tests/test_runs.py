@@ -294,3 +294,19 @@ def test_orbax_warnings_stay_out_of_the_output(tmp_path, monkeypatch, caplog):
     assert not [r for r in caplog.records if "Waiting for previous save" in r.getMessage()]
     absl_logging.warning("an absl warning outside a save still shows")
     assert [r for r in caplog.records if "outside a save still shows" in r.getMessage()]
+
+
+def test_a_run_out_of_device_memory_ends_in_one_line_naming_it(tmp_path, corpus, monkeypatch):
+  def exhausted(*args):
+    raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 37281745816 bytes.")
+
+  monkeypatch.setattr(runs, "_advance", exhausted)
+  with pytest.raises(runs.OutOfMemory) as e:
+    runs.train(CONFIG, corpus, tmp_path / "run")
+  message = str(e.value)
+  assert len(message.splitlines()) == 1 and "run run ran out of device memory" in message
+  assert "34.7 GiB more" in message and "--remat nothing_saveable" in message and "--loss-chunk" in message
+  # a run that uses them already is pointed at the others
+  config = dataclasses.replace(CONFIG, remat="nothing_saveable", loss_chunk=64)
+  assert runs.memory_options(config).startswith("a smaller --batch-size")
+  assert isinstance(e.value, ValueError)  # the sweep's cli prints a ValueError as one line (exit 2)

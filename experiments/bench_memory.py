@@ -1,0 +1,59 @@
+"""``python -m experiments.bench_memory``: what the paper's model needs on an accelerator.
+
+XLA's memory analysis of the chunk program of a preset's runs (default ``gpu-95m``: paper-95m, batch
+32, context 512, rotation), compiled from shapes on whatever backend this is (nothing allocated,
+nothing run), at each ``--stages`` and vocabulary, without and with the memory options
+(``--remat nothing_saveable``, ``--loss-chunk``): arguments (state and batches) and temporaries, in
+GiB. The CPU's compiler is a stand-in for the accelerator's: their buffer assignments differ, so the
+device's own figure comes from ``--dry-run`` there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+from experiments import methods, presets, runs
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m experiments.bench_memory", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--preset", default="gpu-95m", help="whose run template (default gpu-95m)")
+  parser.add_argument("--method", default="rotation", help="optimizer (default rotation)")
+  parser.add_argument("--stages", nargs="+", type=int, default=[1, 32], help="pipeline depths (default 1 32)")
+  parser.add_argument("--vocab-sizes", nargs="+", type=int, default=[256, 50257],
+                      help="vocabularies (default: bytes, 256, and GPT-2's 50257)")
+  parser.add_argument("--chunk", type=int, default=2, help="steps per compiled chunk (memory does not "
+                      "depend on it; default 2)")
+  args = parser.parse_args(argv)
+  if args.preset not in presets.PRESETS:
+    raise ValueError(f"unknown preset {args.preset!r}; choose from {sorted(presets.PRESETS)}")
+  methods.check_method(args.method)
+  template = presets.PRESETS[args.preset].template
+  if not template.remat and not template.loss_chunk:
+    raise ValueError(f"preset {args.preset!r} turns no memory option on: nothing to compare")
+  settings = {"before": dict(remat=None, loss_chunk=None),
+              "after": dict(remat=template.remat, loss_chunk=template.loss_chunk)}
+  configs = [(p, v, name, dataclasses.replace(template, method=args.method, stages=p, chunk=args.chunk,
+                                              steps=args.chunk, eval_every=args.chunk,
+                                              checkpoint_every=args.chunk, **over))
+             for p in args.stages for v in args.vocab_sizes for name, over in settings.items()]
+  for *_, c in configs:
+    c.validate()
+  print(f"{template.model}, batch {template.batch_size}, {args.method}; after = remat "
+        f"{template.remat}, loss_chunk {template.loss_chunk}")
+  print(f"{'P':>3} {'vocab':>6} {'':<7} {'arguments GiB':>14} {'temporaries GiB':>16} {'compile s':>10}")
+  for p, v, name, c in configs:
+    t0 = time.perf_counter()
+    compiled, _ = runs.compile_chunk(c, v)
+    mem = runs.memory(compiled)
+    print(f"{p:>3} {v:>6} {name:<7} {mem['arguments'] / 2**30:>14.2f} {mem['temporaries'] / 2**30:>16.2f} "
+          f"{time.perf_counter() - t0:>10.0f}", flush=True)
+
+
+if __name__ == "__main__":
+  from experiments import sweep  # one-line errors and Ctrl-C, as the sweep's
+
+  sweep.exit_process(sweep.cli(entry=main))
