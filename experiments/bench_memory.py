@@ -14,7 +14,11 @@ import argparse
 import dataclasses
 import time
 
+import jax
+import numpy as np
+
 from experiments import methods, presets, runs
+from experiments import model as model_lib
 
 
 def main(argv=None):
@@ -27,7 +31,12 @@ def main(argv=None):
                       help="vocabularies (default: bytes, 256, and GPT-2's 50257)")
   parser.add_argument("--chunk", type=int, default=2, help="steps per compiled chunk (memory does not "
                       "depend on it; default 2)")
+  parser.add_argument("--time-blocks", type=int, default=4, help="then time a step before and after, "
+                      "at P = 1 with this many blocks (the memory options' cost on this machine; "
+                      "default 4; 0 skips it)")
   args = parser.parse_args(argv)
+  if args.chunk < 1 or args.time_blocks < 0:
+    raise ValueError(f"need --chunk >= 1 and --time-blocks >= 0, got {args.chunk}, {args.time_blocks}")
   if args.preset not in presets.PRESETS:
     raise ValueError(f"unknown preset {args.preset!r}; choose from {sorted(presets.PRESETS)}")
   methods.check_method(args.method)
@@ -51,6 +60,36 @@ def main(argv=None):
     mem = runs.memory(compiled)
     print(f"{p:>3} {v:>6} {name:<7} {mem['arguments'] / 2**30:>14.2f} {mem['temporaries'] / 2**30:>16.2f} "
           f"{time.perf_counter() - t0:>10.0f}", flush=True)
+  if args.time_blocks:
+    print(f"seconds per step at P = 1 with {args.time_blocks} blocks (best of 3 chunks of {args.chunk}):")
+    for v in args.vocab_sizes:
+      seconds = {}
+      for name, over in settings.items():
+        c = dataclasses.replace(template, method=args.method, stages=1, num_blocks=args.time_blocks,
+                                chunk=args.chunk, steps=args.chunk, eval_every=args.chunk,
+                                checkpoint_every=args.chunk, **over)
+        seconds[name] = step_seconds(c, v)
+      print(f"  vocab {v:>6}: before {seconds['before']:.3f} s, after {seconds['after']:.3f} s, "
+            f"after / before {seconds['after'] / seconds['before']:.2f}x", flush=True)
+
+
+def step_seconds(config, vocab_size: int) -> float:
+  """Best of three timed chunks of ``config``'s emulated run on random tokens (after one to compile)."""
+  compiled, _ = runs.compile_chunk(config, vocab_size)
+  cfg = config.model_config(vocab_size)
+  graphdef, params = model_lib.init(cfg, seed=0)
+  pipe = runs.pipeline_of(config, cfg, graphdef, params)
+  state = pipe.init(params)
+  tokens = np.random.default_rng(0).integers(0, vocab_size, (config.chunk, config.batch_size, cfg.context),
+                                             dtype=np.int32)
+  best = float("inf")
+  for i in range(4):
+    t0 = time.perf_counter()
+    state, out = compiled(state, (tokens, tokens))
+    jax.block_until_ready(out)
+    if i:
+      best = min(best, time.perf_counter() - t0)
+  return best / config.chunk
 
 
 if __name__ == "__main__":

@@ -446,23 +446,33 @@ def load_result(run_dir) -> dict | None:
     return None
 
 
+def _staged(config: RunConfig, cfg) -> ps.Staged:
+  w = config.moe_loss_weight
+  return ps.Staged(model_lib.stage_functions(cfg, config.stages, config.dtype),
+                   loss_of=lambda out, batch: model_lib.cross_entropy(out[0], batch[1]) + w * out[1])
+
+
+def pipeline_of(config: RunConfig, cfg, graphdef, params) -> ps.Pipeline:
+  """The emulated ``Pipeline`` of a config (``params``: arrays or shapes, for the stage labels)."""
+  loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
+  return ps.Pipeline(loss_fn, methods.stage_optimizers(config), model_lib.stage_labels(params, config.stages),
+                     mode=config.mode, staged=_staged(config, cfg) if config.mode == "no_stashing" else None,
+                     grad_norms=True)
+
+
 def build(config: RunConfig, ds: Dataset, devices=None):
   """Returns (pipeline, initial state, graphdef, loss_fn) for a config: an emulated ``Pipeline``, or
   with ``execution="devices"`` a ``DevicePipeline`` over ``devices`` (default: every local one)."""
   cfg = config.model_config(ds.vocab_size)
   graphdef, params = model_lib.init(cfg, seed=config.seed)
-  labels = model_lib.stage_labels(params, config.stages)
   loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
-  w = config.moe_loss_weight
-  staged = ps.Staged(model_lib.stage_functions(cfg, config.stages, config.dtype),
-                     loss_of=lambda out, batch: model_lib.cross_entropy(out[0], batch[1]) + w * out[1])
   if config.execution == "devices":
-    pipe = ps.DevicePipeline(staged, methods.stage_optimizers(config), labels, mode=config.mode,
+    pipe = ps.DevicePipeline(_staged(config, cfg), methods.stage_optimizers(config),
+                             model_lib.stage_labels(params, config.stages), mode=config.mode,
                              mesh=ps.pipeline_mesh(config.stages, devices))
     example = ds.batch(config.seed, 0, config.batch_size, cfg.context)
     return pipe, pipe.init(params, example), graphdef, loss_fn
-  pipe = ps.Pipeline(loss_fn, methods.stage_optimizers(config), labels, mode=config.mode,
-                     staged=staged if config.mode == "no_stashing" else None, grad_norms=True)
+  pipe = pipeline_of(config, cfg, graphdef, params)
   return pipe, pipe.init(params), graphdef, loss_fn
 
 
@@ -928,13 +938,7 @@ def compile_chunk(config: RunConfig, vocab_size: int, context: int | None = None
   context = context or cfg.context
   graphdef, params = nnx.split(nnx.eval_shape(lambda: model_lib.Transformer(cfg, nnx.Rngs(0))), nnx.Param)
   params = nnx.to_pure_dict(params)
-  loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
-  w = config.moe_loss_weight
-  staged = ps.Staged(model_lib.stage_functions(cfg, config.stages, config.dtype),
-                     loss_of=lambda out, batch: model_lib.cross_entropy(out[0], batch[1]) + w * out[1])
-  pipe = ps.Pipeline(loss_fn, methods.stage_optimizers(config), model_lib.stage_labels(params, config.stages),
-                     mode=config.mode, staged=staged if config.mode == "no_stashing" else None,
-                     grad_norms=True)
+  pipe = pipeline_of(config, cfg, graphdef, params)
   state = jax.eval_shape(pipe._init, params)
   tokens = jax.ShapeDtypeStruct((config.chunk, config.batch_size, context), np.int32)
   t0 = time.perf_counter()

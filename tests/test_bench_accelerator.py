@@ -33,3 +33,9 @@ def test_bad_values_fail_before_any_part_runs(argv, message, capsys):
   with pytest.raises(ValueError, match=message):
     bench_accelerator.main(argv)
   assert "backend" not in capsys.readouterr().out  # nothing started
+
+
+def test_the_paper_scale_runs_use_the_memory_options():
+  from experiments import bench_accelerator, presets
+  configs = bench_accelerator.preset_configs(presets.PRESETS["gpu-95m"], 300, (1, 8), ("rotation",))
+  assert all(c.remat == "nothing_saveable" and c.loss_chunk == 2048 for c in configs)
