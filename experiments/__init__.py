@@ -6,8 +6,9 @@ XLA's threads, and with any other process, for the cores; on a busy 2-core machi
 take hundreds of times longer (``python -m experiments.bench_threads``). So when a tool of this
 package is the program being run, OpenBLAS is made single-threaded before anything loads it,
 unless the user already chose (``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` set). Importing
-this package from your own program changes nothing: set ``OPENBLAS_NUM_THREADS=1`` yourself before
-Python starts.
+this package from your own program changes no environment variable; the library itself
+(``rotation.threads``) limits the OpenBLAS of JAX's LAPACK calls when a rotation state is first
+initialised on CPU.
 
 Compilation cache of the command-line tools: JAX's persistent compilation cache is turned on, in
 ``$XDG_CACHE_HOME/staleness-rotation/jax`` (default ``~/.cache/...``), unless the user set
