@@ -21,7 +21,8 @@ from experiments import methods, presets, runs
 from experiments import model as model_lib
 
 
-def main(argv=None):
+def main(argv=None) -> list:
+  """Prints the table (and the step times); returns its rows (bytes)."""
   parser = argparse.ArgumentParser(prog="python -m experiments.bench_memory", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--preset", default="gpu-95m", help="whose run template (default gpu-95m)")
@@ -54,10 +55,12 @@ def main(argv=None):
   print(f"{template.model}, batch {template.batch_size}, {args.method}; after = remat "
         f"{template.remat}, loss_chunk {template.loss_chunk}")
   print(f"{'P':>3} {'vocab':>6} {'':<7} {'arguments GiB':>14} {'temporaries GiB':>16} {'compile s':>10}")
+  rows = []
   for p, v, name, c in configs:
     t0 = time.perf_counter()
     compiled, _ = runs.compile_chunk(c, v)
     mem = runs.memory(compiled)
+    rows.append({"stages": p, "vocab_size": v, "setting": name, **mem})
     print(f"{p:>3} {v:>6} {name:<7} {mem['arguments'] / 2**30:>14.2f} {mem['temporaries'] / 2**30:>16.2f} "
           f"{time.perf_counter() - t0:>10.0f}", flush=True)
   if args.time_blocks:
@@ -71,6 +74,7 @@ def main(argv=None):
         seconds[name] = step_seconds(c, v)
       print(f"  vocab {v:>6}: before {seconds['before']:.3f} s, after {seconds['after']:.3f} s, "
             f"after / before {seconds['after'] / seconds['before']:.2f}x", flush=True)
+  return rows
 
 
 def step_seconds(config, vocab_size: int) -> float:

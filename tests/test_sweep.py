@@ -222,14 +222,15 @@ def test_a_dry_run_reports_memory_before_running_and_skips_what_cannot_fit(tmp_p
   ran = []
   monkeypatch.setattr(runs, "build", lambda *a, **k: ran.append(a) or (_ for _ in ()).throw(AssertionError))
   monkeypatch.setattr(runs, "device_memory", lambda: (1024, "a 1 KiB test device"))
-  rows = sweep.dry_run(sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--methods", "rotation"])),
+  rows = sweep.dry_run(sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--methods", "pipedream",
+                                                          "--stages", "1"])),
                        data_lib.load(None, context=32), tmp_path)
   printed = capsys.readouterr().out
   assert not ran  # nothing allocated, nothing executed
   assert all(r["estimated_seconds"] is None and r["memory"]["total"] > 1024 for r in rows)
   assert printed.count("more than the 0.0 GiB of a 1 KiB test device: not timed; lower it with "
-                       "--remat nothing_saveable, --loss-chunk 2048") == 2
-  assert "2 runs, 2 to run, 0 timed" in printed
+                       "--remat nothing_saveable, --loss-chunk 2048") == 1
+  assert "1 runs, 1 to run, 0 timed" in printed
 
 
 def test_rotation_variants_share_rotations_learning_rate():
