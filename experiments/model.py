@@ -289,6 +289,20 @@ def rotation_mask(params):
   return jax.tree_util.tree_map_with_path(keep, params)
 
 
+def train_flops(cfg: ModelConfig, batch_size: int, remat: bool = False) -> float:
+  """FLOPs of one forward and backward pass over ``batch_size`` sequences of ``cfg.context`` tokens,
+  counted from the shapes (multiply-adds x 2; the backward twice the forward; ``remat`` adds one
+  forward of the blocks): the matmuls of the blocks and the head, and attention's two
+  ``(t x t)`` products per head. Where XLA's own count cannot be used (a scan's body counts once)."""
+  tokens = batch_size * cfg.context
+  hidden = cfg.mlp_ratio * cfg.width * max(1, cfg.top_k if cfg.num_experts else 1)
+  block = 2 * tokens * (4 * cfg.width * cfg.width + 2 * cfg.width * hidden)
+  block += 2 * 2 * batch_size * cfg.context * cfg.context * cfg.width  # q k^T and p v
+  head = 2 * tokens * cfg.width * cfg.vocab_size
+  forward = cfg.num_blocks * block + head
+  return 3.0 * forward + (cfg.num_blocks * block if remat else 0.0)
+
+
 def cross_entropy(logits, targets):
   """Mean next-token cross-entropy in float32."""
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)

@@ -985,7 +985,10 @@ def estimate(config: RunConfig, ds: Dataset, time_budget: float = 120.0) -> dict
     pipe = args = None
   mem = memory(compiled)
   limit, source = device_memory()
-  out = {"flops_per_step": xla_flops(compiled),  # a scan's body is counted once: one step
+  flops = xla_flops(compiled)  # a scan's body is counted once: one step, ...
+  if config.remat is not None:  # ... and one block of a rematerialised model's scan over blocks
+    flops = model_lib.train_flops(config.model_config(ds.vocab_size), config.batch_size, remat=True)
+  out = {"flops_per_step": flops,
          "memory_bytes": mem["total"], "memory": mem, "device_bytes": limit, "device_source": source,
          "compile_seconds": compile_seconds, "steps_per_second": None, "estimated_seconds": None,
          "skipped": None}

@@ -205,3 +205,15 @@ def test_chunked_cross_entropy_equals_the_plain_one(tiny, chunk):
       hidden, k, jnp.zeros(50257), jnp.zeros(64, jnp.int32), 16))(jnp.zeros((32, 50257)))
   assert not any(v.aval.shape[:1] == (64,) and 50257 in v.aval.shape
                  for e in jaxpr.jaxpr.eqns for v in e.outvars if hasattr(v.aval, "shape"))
+
+
+def test_train_flops_counts_what_xla_counts():
+  cfg = dataclasses.replace(model_lib.CONFIGS["cpu-small"], vocab_size=512)
+  graphdef, params = model_lib.init(cfg)
+  tokens = jax.ShapeDtypeStruct((4, cfg.context), jnp.int32)
+  compiled = jax.jit(jax.grad(lambda p, t: model_lib.make_loss(graphdef)(p, (t, t)))).lower(
+      params, tokens).compile()
+  analysis = compiled.cost_analysis()
+  xla = (analysis[0] if isinstance(analysis, (list, tuple)) else analysis)["flops"]
+  assert abs(model_lib.train_flops(cfg, 4) - xla) < 0.05 * xla, (model_lib.train_flops(cfg, 4), xla)
+  assert model_lib.train_flops(cfg, 4, remat=True) > model_lib.train_flops(cfg, 4)
