@@ -530,6 +530,9 @@ def layout(tree) -> str:
   return hashlib.sha256(json.dumps(desc).encode()).hexdigest()[:32]
 
 
+_ASIDE = {"damaged": "checkpoints.damaged", "other": "checkpoints.other-code"}  # verdict -> folder
+
+
 class LayoutError(ValueError):
   """A checkpoint that holds a state of another layout than the one asked for."""
 
@@ -629,11 +632,11 @@ class _Checkpoints:
     if agree(bool(steps) and not same_code(code) and not read_only):
       warnings.warn(f"the checkpoints in {self.directory} were written by other code ({code}, now "
                     f"{code_version()}); restarting the run from step 0", stacklevel=2)
-      self._set_aside(steps, "checkpoints.other-code")
+      self._set_aside(steps, _ASIDE["other"])
       return None
     tables = {"losses": losses, "val": val_losses}
     kinds = ("ok", "other", "damaged")
-    aside = {"other": [], "damaged": []}
+    aside = {kind: [] for kind in _ASIDE}
     for step in steps:
       kind, why = self._verdict(step, template) if is_primary() else ("ok", "")
       kind = kinds[agree(kinds.index(kind))]  # process 0 decides for every process
@@ -650,8 +653,7 @@ class _Checkpoints:
       if kind == "other" and read_only:
         raise LayoutError(why)
       aside[kind].append(step)
-      where = "checkpoints.damaged" if kind == "damaged" else "checkpoints.other-code"
-      moved = "" if read_only else f"set aside in {self.directory.parent / where}, "
+      moved = "" if read_only else f"set aside in {self.directory.parent / _ASIDE[kind]}, "
       warnings.warn(f"checkpoint {self.directory / str(step)} cannot be restored "
                     f"({why or 'another process could not read it'}); {moved}trying an older one",
                     stacklevel=2)
@@ -659,7 +661,7 @@ class _Checkpoints:
     return None
 
   def _set_aside_all(self, aside, read_only):
-    for kind, where in (("damaged", "checkpoints.damaged"), ("other", "checkpoints.other-code")):
+    for kind, where in _ASIDE.items():
       if aside[kind] and not read_only:
         self._set_aside(aside[kind], where)
 
