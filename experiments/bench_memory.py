@@ -97,6 +97,6 @@ def step_seconds(config, vocab_size: int) -> float:
 
 
 if __name__ == "__main__":
-  from experiments import sweep  # one-line errors and Ctrl-C, as the sweep's
+  from experiments import cli
 
-  sweep.exit_process(sweep.cli(entry=main))
+  cli.exit_process(cli.run(main))

@@ -225,6 +225,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  from experiments import sweep  # one-line errors and Ctrl-C, as the sweep's
+  from experiments import cli
 
-  sweep.exit_process(sweep.cli(entry=main))
+  cli.exit_process(cli.run(main))

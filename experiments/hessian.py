@@ -32,8 +32,8 @@ import numpy as np
 
 import pipeline_sim as ps
 import rotation
+from experiments import cli, runs, sweep
 from experiments import data as data_lib
-from experiments import runs, sweep
 
 
 def mm(a, b):
@@ -283,4 +283,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  sweep.exit_process(sweep.cli(entry=main))
+  cli.exit_process(cli.run(main))

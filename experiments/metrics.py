@@ -1,40 +1,38 @@
-"""Targets, iterations to target, slowdown and percent fewer iterations (the paper's section 5).
+"""Targets, iterations to target, slowdowns, advantage and percent fewer iterations (the paper's
+section 5), per seed; ``aggregate`` turns per-seed tables into mean, range and 95% interval.
 
-Definitions (following the paper; see ``docs/algorithms.md``):
+Definitions (following the paper; written out in ``docs/algorithms.md``):
 - the *smoothed loss* is a **centred** moving average of the per-step training loss over an odd
   window of ``2 * (window // 2) + 1`` steps, attributed to the window's middle step, so that it has
   no lag (a trailing average would report every crossing ``window / 2`` steps late and bias
   slowdowns towards 1); it is undefined (NaN) for the first and last ``window // 2`` steps;
 - the *final* smoothed loss is the last defined value (the mean of the last window);
 - a run is *credited* only if it finished and every loss is finite: a run that diverged, even
-  after reaching a target, or that did not finish, gets no iterations, slowdown or percent fewer
-  (``None``);
-- the *target at P* is the final smoothed loss of the best asynchronous baseline (lowest final
-  smoothed loss among the credited baselines) at that P;
-- a run's *iterations to target* is the first step (1-based) at which its smoothed loss is at or
-  below the target, or ``None`` ("never");
-- *slowdown* of a method at P = its iterations at P / its iterations at P = 1, both to the target
-  at P; the per-method *own-target slowdown* uses the method's own final smoothed loss at P as the
-  target (how many times longer the stale run takes to reach what it reaches);
-- *percent fewer* = 100 * (1 - iterations of the method / iterations of the best baseline) at P.
-The same numbers are also reported against the sync run's (P = 1 PipeDream) final smoothed loss.
+  after reaching a target, or that did not finish, gets no number (``None``);
+- a run's *iterations to* a loss is the first step (1-based) at which its smoothed loss is at or
+  below it, or ``None`` (never).
 
-Metrics that separate robustness to staleness from speed (``common_levels`` and after):
-- *common levels*: ``num_levels`` loss levels evenly spaced between the highest final smoothed loss
-  of the compared runs (every run reaches it) and the lowest first smoothed value (every run starts
-  above it); none when the runs share no such range;
-- *common-target slowdown* of a method at P: the median over the common levels L of
-  ``t_P(L) / t_1(L)`` (its iterations to L at P over those at P = 1): how much longer staleness
-  makes the same progress take, for every method at the same levels;
-- *advantage* of a method over the best baseline at P: the median over the common levels of
-  ``t_best(L) / t_method(L)``, the best baseline being the one with the smallest median
-  ``t(L)`` at P; its *staleness gain* ``advantage_P / advantage_1`` is > 1 when the method's lead
-  grows with staleness (the paper's claim), < 1 when it shrinks (per level it equals the best
-  baseline's slowdown over the method's);
-- *wall-clock to target*: iterations to the target times the run's measured steady-state seconds
-  per step.
-With several seeds every number is computed per seed and reported as the mean and the min-max
-range across seeds (``aggregate``).
+The headline, a method's **slowdown at its own levels** (``slowdown_levels``) at P: the median over
+``num_levels`` loss levels L of ``t_P(L) / t_1(L)``, its iterations to L at P over those at P = 1.
+The levels come from that method's two runs alone (``common_levels`` of its P = 1 and P runs):
+evenly spaced from the higher of their two lowest smoothed losses (both runs reach it) up to the
+lower of their first smoothed values (both start above it). No other method's run moves it, and it
+measures the whole of the stale run's training, past its plateau down to where it ends.
+
+Beside it:
+- *own-target slowdown* (``slowdown_own``): the same ratio at one level, the method's final
+  smoothed loss at P;
+- the *target at P* is the final smoothed loss of the best asynchronous baseline at P (lowest final
+  smoothed loss among the credited baselines); ``iters`` and ``slowdown`` are measured to it;
+- *percent fewer* = 100 * (1 - iterations of the method / iterations of the best baseline) to the
+  target at P; ``fewer_top``: the same at every P to the target at the sweep's largest P, so that
+  its P = 1 value is the control (how much faster the method is without any staleness, to the
+  same loss);
+- *advantage* of a method at P over the best baseline ``b`` at the top P: the median over the
+  levels that the four runs (method and ``b``, at P = 1 and at P) share of ``t_b(L) / t_method(L)``;
+  its *staleness gain* is the median over those levels of ``slowdown_b(L) / slowdown_method(L)``,
+  > 1 when the method's lead grows with staleness (the paper's claim), < 1 when it shrinks;
+- *wall-clock to target*: iterations to the target times the run's steady-state seconds per step.
 """
 
 from __future__ import annotations
@@ -42,11 +40,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.stats
 
 # Numeric fields of a study row, aggregated across seeds.
-FIELDS = ("final", "target", "iters_own", "slowdown_own", "iters", "slowdown", "fewer",
-          "sync_target", "iters_sync", "slowdown_sync", "slowdown_common", "advantage",
-          "staleness_gain", "seconds")
+FIELDS = ("slowdown_levels", "final", "target", "iters_own", "slowdown_own", "iters", "slowdown",
+          "fewer", "fewer_top", "advantage", "staleness_gain", "seconds")
 NUM_LEVELS = 20
 
 
@@ -133,72 +131,105 @@ def median_ratio(numerator, denominator) -> float | None:
   return float(np.median(r)) if len(r) else None
 
 
-def study_table(curves: dict, baselines: Sequence[str], window: int, sync_method: str = "pipedream",
-                step_seconds: dict | None = None):
-  """Rows ``{method, stages, best_baseline, *FIELDS}`` for every (method, P) of one seed's curves.
+def level_slowdown(base, stale, window: int, num_levels: int = NUM_LEVELS):
+  """``(median, levels, ratios)``: the slowdown of ``stale`` over ``base`` (two runs of one method)
+  at each of the levels the two share; ``(None, [], [])`` if they share none or one is not
+  credited."""
+  levels = common_levels([base, stale], window, num_levels)
+  if not len(levels) or not (credited(base) and credited(stale)):
+    return None, np.zeros(0), np.zeros(0)
+  ratios = times_to(stale, levels, window) / times_to(base, levels, window)
+  return median_ratio(ratios, 1.0), levels, ratios
+
+
+def advantage(method_1, method_p, base_1, base_p, window: int, num_levels: int = NUM_LEVELS):
+  """``(advantage at P, staleness gain)`` of a method over a baseline from their P = 1 and P runs,
+  at the levels all four share (``None`` where there are none, or a run is not credited)."""
+  runs = [method_1, method_p, base_1, base_p]
+  levels = common_levels(runs, window, num_levels)
+  if not len(levels) or not all(credited(c) for c in runs):
+    return None, None
+  m1, mp, b1, bp = (times_to(c, levels, window) for c in runs)
+  return median_ratio(bp, mp), median_ratio((bp / b1) / (mp / m1), 1.0)
+
+
+def study_table(curves: dict, baselines: Sequence[str], window: int,
+                step_seconds: dict | None = None, num_levels: int = NUM_LEVELS):
+  """Rows ``{method, stages, best_baseline, per_level, *FIELDS}`` for every (method, P) of one
+  seed's curves (see the module docstring; ``per_level`` holds the headline's levels and ratios).
 
   Args:
     curves: ``{(method, P): per-step losses}``; a run that diverged or did not finish is given
       with a non-finite loss (or as ``None``) and is credited with nothing.
     baselines: the asynchronous baselines whose best sets the target.
     window: smoothing window.
-    sync_method: the method whose P = 1 run defines the sync target.
     step_seconds: ``{(method, P): steady-state seconds per step}`` for the wall-clock to target
       (``seconds``); ``None`` leaves it out.
+    num_levels: levels of the headline and of the advantage.
   """
   stage_set = sorted({p for _, p in curves})
+  top = stage_set[-1]
   finals = {k: final_smoothed(v, window) for k, v in curves.items()}
-  levels = common_levels(curves.values(), window)
-  times = {k: times_to(v, levels, window) for k, v in curves.items()}
+  at = lambda curve, t: iterations_to(curve, t, window)
 
-  def best_at(p):  # the baseline with the smallest median time to the common levels at P
-    cands = [(float(np.median(times[(b, p)])), b) for b in baselines
-             if (b, p) in times and len(levels) and np.all(np.isfinite(times[(b, p)]))]
-    return min(cands)[1] if cands else None
+  def best_at(p):  # (target, best baseline): the lowest final smoothed loss among the baselines
+    cands = [(finals[(b, p)], b) for b in baselines if np.isfinite(finals.get((b, p), np.nan))]
+    return min(cands) if cands else (None, None)
 
-  def advantage(method, p):
-    best = best_at(p)
-    return None if best is None or (method, p) not in times else median_ratio(times[(best, p)],
-                                                                              times[(method, p)])
-  sync_target = finals.get((sync_method, 1))
-  sync_target = sync_target if sync_target is not None and np.isfinite(sync_target) else None
+  top_target, top_best = best_at(top)
   rows = []
   for p in stage_set:
-    candidates = [(finals[(b, p)], b) for b in baselines if (b, p) in finals and np.isfinite(finals[(b, p)])]
-    target, best = min(candidates) if candidates else (None, None)
-    best_iters = iterations_to(curves[(best, p)], target, window) if best else None
+    target, best = best_at(p)
+    best_iters = at(curves[(best, p)], target) if best else None
+    fastest_top = [at(curves[(b, p)], top_target) for b in baselines if (b, p) in curves]
+    fastest_top = min((i for i in fastest_top if i is not None), default=None)
     for (method, stages), losses in sorted(curves.items()):
       if stages != p:
         continue
       base_curve = curves.get((method, 1))
-      own = finals[(method, p)]
-      own = own if np.isfinite(own) else None
-      at = lambda curve, t: iterations_to(curve, t, window)
-      iters, iters_own, iters_sync = at(losses, target), at(losses, own), at(losses, sync_target)
+      own = finals[(method, p)] if np.isfinite(finals[(method, p)]) else None
+      iters, iters_own = at(losses, target), at(losses, own)
+      headline, levels, ratios = (level_slowdown(base_curve, losses, window, num_levels)
+                                  if base_curve is not None else (None, np.zeros(0), np.zeros(0)))
+      adv = gain = None
+      if top_best is not None and base_curve is not None and (top_best, p) in curves:
+        adv, gain = advantage(base_curve, losses, curves[(top_best, 1)], curves[(top_best, p)],
+                              window, num_levels)
+      rate = (step_seconds or {}).get((method, p))
       rows.append({
           "method": method, "stages": p, "best_baseline": best,
+          "per_level": {"levels": levels.tolist(), "ratios": ratios.tolist()},
+          "slowdown_levels": headline,
           "final": own, "target": target,
           "iters_own": iters_own, "slowdown_own": ratio(iters_own, at(base_curve, own)),
           "iters": iters, "slowdown": ratio(iters, at(base_curve, target)),
           "fewer": percent_fewer(iters, best_iters),
-          "sync_target": sync_target, "iters_sync": iters_sync,
-          "slowdown_sync": ratio(iters_sync, at(base_curve, sync_target)),
-          "slowdown_common": (median_ratio(times[(method, p)], times[(method, 1)])
-                              if (method, 1) in times else None),
-          "advantage": advantage(method, p),
-          "staleness_gain": None, "seconds": None,
+          "fewer_top": percent_fewer(at(losses, top_target), fastest_top),
+          "advantage": adv, "staleness_gain": gain,
+          "seconds": iters * rate if iters is not None and rate else None,
       })
-      adv, adv1 = rows[-1]["advantage"], advantage(method, 1)
-      rows[-1]["staleness_gain"] = adv / adv1 if adv is not None and adv1 else None
-      rate = (step_seconds or {}).get((method, p))
-      if iters is not None and rate:
-        rows[-1]["seconds"] = iters * rate
   return rows
 
 
+def interval(values) -> dict | None:
+  """``{"mean", "min", "max", "ci95": [lo, hi] or None, "seeds"}`` of per-seed values: the 95%
+  interval is Student's t interval of the mean (``None`` with one seed); ``None`` if a value is
+  missing (a seed that diverged or never reached a level has no number to average)."""
+  if not len(values) or any(v is None or not np.isfinite(v) for v in values):
+    return None
+  x = np.asarray(values, np.float64)
+  out = {"mean": float(x.mean()), "min": float(x.min()), "max": float(x.max()), "ci95": None,
+         "seeds": len(x)}
+  if len(x) > 1:
+    half = float(scipy.stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    out["ci95"] = [out["mean"] - half, out["mean"] + half]
+  return out
+
+
 def aggregate(tables: Sequence[list]) -> list:
-  """Per-seed study tables -> one row per (method, P): each field's mean over seeds with its
-  range ``{field}_lo``, ``{field}_hi``; a field is ``None`` unless every seed has a value."""
+  """Per-seed study tables -> one row per (method, P): each field's mean over seeds with its range
+  ``{field}_lo``, ``{field}_hi``, its 95% interval ``{field}_ci`` and its per-seed values
+  ``{field}_seeds``; a field is ``None`` unless every seed has a value."""
   keyed = {}
   for rows in tables:
     for r in rows:
@@ -210,9 +241,10 @@ def aggregate(tables: Sequence[list]) -> list:
            "best_baseline": best.pop() if len(best) == 1 else "/".join(sorted(map(str, best)))}
     for f in FIELDS:
       vals = [r[f] for r in rows]
-      ok = len(rows) == len(tables) and all(v is not None for v in vals)
-      row[f] = float(np.mean(vals)) if ok else None
-      row[f + "_lo"] = float(np.min(vals)) if ok else None
-      row[f + "_hi"] = float(np.max(vals)) if ok else None
+      iv = interval(vals) if len(rows) == len(tables) else None
+      row[f] = iv["mean"] if iv else None
+      row[f + "_lo"], row[f + "_hi"] = (iv["min"], iv["max"]) if iv else (None, None)
+      row[f + "_ci"] = iv["ci95"] if iv else None
+      row[f + "_seeds"] = vals
     out.append(row)
   return out

@@ -47,7 +47,7 @@ import scipy.linalg
 
 import pipeline_sim as ps
 import rotation
-from experiments import hessian, runs, sweep
+from experiments import cli, hessian, runs, sweep
 
 OPTIMIZERS = ("adam", "rotation", "oracle")
 
@@ -261,4 +261,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  sweep.exit_process(sweep.cli(entry=main))
+  cli.exit_process(cli.run(main))

@@ -14,11 +14,11 @@ from experiments import metrics  # noqa: E402
 
 
 def loss_curves(curves: dict, window: int, path: pathlib.Path, title: str) -> None:
-  """One panel per P; smoothed training loss vs step for every method."""
+  """One panel per P, on one shared y range; smoothed training loss vs step for every method."""
   stages = sorted({p for _, p in curves})
   cols = min(3, len(stages))
   rows = -(-len(stages) // cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+  fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False, sharey=True)
   for ax, p in zip(axes.flat, stages):
     for (method, stages_), losses in sorted(curves.items()):
       if stages_ == p:
@@ -36,11 +36,29 @@ def loss_curves(curves: dict, window: int, path: pathlib.Path, title: str) -> No
   plt.close(fig)
 
 
-def slowdown_vs_stages(rows, path: pathlib.Path, title: str, field: str = "slowdown_common") -> None:
+def level_slowdowns(per_method: dict, path: pathlib.Path, title: str) -> None:
+  """The headline per level: ``{method: [(levels, ratios) per seed]}``, slowdown against the loss
+  level (late training to the left), one thin line per seed, one colour per method."""
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for i, (method, seeds) in enumerate(sorted(per_method.items())):
+    for j, (levels, ratios) in enumerate(seeds):
+      ax.plot(levels, ratios, color=f"C{i}", lw=1, alpha=0.8, label=method if j == 0 else None)
+  ax.invert_xaxis()
+  ax.set_xlabel("loss level (smoothed training loss; training proceeds to the right)")
+  ax.set_ylabel("iterations at P / at P = 1")
+  ax.set_title(title, fontsize=10)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def slowdown_vs_stages(rows, path: pathlib.Path, title: str, field: str = "slowdown_levels") -> None:
   """Slowdown against P per method, the seeds' mean with their [min, max] as error bars. By default
-  the headline, the slowdown at common targets (``field="slowdown_own"``: to the method's own final
-  loss at P)."""
-  labels = {"slowdown_common": "slowdown vs P = 1 at common targets (median over levels)",
+  the headline, the slowdown at the method's own levels (``field="slowdown_own"``: to the method's
+  own final loss at P)."""
+  labels = {"slowdown_levels": "slowdown vs P = 1 at own levels (median over levels)",
             "slowdown_own": "slowdown vs P = 1 (to own final loss at P)"}
   fig, ax = plt.subplots(figsize=(6, 4))
   for method in sorted({r["method"] for r in rows}):

@@ -18,13 +18,18 @@ class Preset:
     stages: pipeline depths P to sweep (P = 1 is the synchronous reference).
     methods: methods run at every P.
     learning_rates: peak learning rate per method; rotation variants share ``rotation``'s, the
-      rest use ``default``.
+      rest use ``default``. The main reading: with one ``default`` entry, every method shares it.
+    tuned_rates: a method's own tuned rate where it differs from ``learning_rates``: those runs
+      (group ``tuned-lr``, every P and seed) are the second reading, and the report makes a tuned
+      rate the main one only if it beats the shared rate by more than the seed noise.
     ablations: ablation groups run by default (see ``experiments.ablations``).
     seeds: seeds run by default (every table shows their mean [min, max]).
     smooth_fraction: width of the centred moving-average window for targets, as a fraction of
       the steps (see ``experiments.metrics``).
     tune_grid: multipliers of the preset learning rate tried by ``--tune-lr``.
     tune_fraction: fraction of the steps each tuning run trains (at P = 1).
+    plumbing: a check that the machinery runs, too short for the study's quantities: its report
+      gives no verdicts.
   """
 
   name: str
@@ -32,11 +37,13 @@ class Preset:
   stages: tuple[int, ...]
   methods: tuple[str, ...]
   learning_rates: tuple[tuple[str, float], ...]
+  tuned_rates: tuple[tuple[str, float], ...] = ()
   ablations: tuple[str, ...] = ()
   seeds: tuple[int, ...] = (0,)
   smooth_fraction: float = 0.05
   tune_grid: tuple[float, ...] = (0.5, 1.0, 2.0)
   tune_fraction: float = 0.25
+  plumbing: bool = False
 
   def learning_rate(self, method: str) -> float:
     """The method's own entry; else, for a rotation variant, rotation's; else ``default``."""
@@ -63,24 +70,24 @@ PRESETS = {
         name="smoke", template=RunConfig(model="cpu-tiny", batch_size=4, steps=40, chunk=10,
                                          eval_every=20, eval_batches=2, checkpoint_every=20),
         stages=(1, 4), methods=("pipedream", "rotation"), learning_rates=(("default", 3e-3),),
-        smooth_fraction=0.1),
-    # The regime study (python -m experiments.regime, results in its regime.md) chose these: among
-    # settings that fit 20 minutes on 2 cores, the longest training relative to the largest delay
-    # (2,400 steps at P = 16); learning rates chosen at P = 1 from 0.5x/1x/2x of 3e-3 (1.5e-3 for
-    # Nesterov) over 1,200 steps (PipeDream-LR shares PipeDream's AdamW rate). Three seeds: one
-    # seed's verdicts move with round-off (another CPU, another core count), so the default reports
-    # the spread; the study's throughput work (compilation cache, a run per core) pays for them.
+        smooth_fraction=0.1, plumbing=True),
+    # The regime study (python -m experiments.regime) chose the setting: among those that fit 20
+    # minutes on 2 cores, the longest training relative to the largest delay (2,400 steps at
+    # P = 16). Rates from its P = 1 grid of 0.5x/1x/2x of 3e-3 over 1,200 steps: 3e-3 was the
+    # baselines' best; rotation's 6e-3 beat its 3e-3 by less than its seed spread (1.783 against
+    # 1.791 validation loss), so every method shares 3e-3 and rotation's 6e-3 is the second reading
+    # (the report checks whether it beats the shared rate beyond the noise).
     "cpu": Preset(
         name="cpu", template=RunConfig(model="cpu-deep", batch_size=16, steps=2400, chunk=100,
                                        eval_every=1200, checkpoint_every=1200),
-        stages=(1, 16), methods=_MAIN, seeds=(0, 1, 2),
-        learning_rates=(("default", 3e-3), ("nesterov", 3e-3), ("rotation", 6e-3))),
+        stages=(1, 16), methods=_MAIN, seeds=(0, 1, 2), learning_rates=(("default", 3e-3),),
+        tuned_rates=(("rotation", 6e-3),)),
     # The same regime with the whole P curve.
     "cpu-long": Preset(
         name="cpu-long", template=RunConfig(model="cpu-deep", batch_size=16, steps=2400, chunk=100,
                                             eval_every=1200, checkpoint_every=1200),
-        stages=(1, 2, 4, 8, 16), methods=_MAIN, seeds=(0, 1, 2),
-        learning_rates=(("default", 3e-3), ("nesterov", 3e-3), ("rotation", 6e-3))),
+        stages=(1, 2, 4, 8, 16), methods=_MAIN, seeds=(0, 1, 2), learning_rates=(("default", 3e-3),),
+        tuned_rates=(("rotation", 6e-3),)),
     "gpu-95m": Preset(
         name="gpu-95m", template=RunConfig(model="paper-95m", batch_size=32, steps=10000, chunk=100,
                                            eval_every=1000, eval_batches=8, checkpoint_every=1000,

@@ -17,7 +17,7 @@ protocol around the preset, one factor at a time, at P = 1 and the largest P, wi
    readings side by side: rates tuned at P = 1 (used at every P), rates tuned at each P, and an
    equal-rate control (every method at ``--equal-lr``).
 
-For every setting: the common-target slowdown of each method from P = 1 to the largest P, the
+For every setting: the own-level slowdown (the headline) of each method from P = 1 to the largest P, the
 staleness gain of rotation's advantage over the best baseline (``experiments.metrics``), the final
 smoothed loss at the largest P, and how long the largest P takes to get below the early plateau
 (first step with smoothed loss <= ``--plateau``). Every run is a cached sweep run in
@@ -37,8 +37,8 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from experiments import cli, metrics, plots, presets, runs, sweep, tables
 from experiments import data as data_lib
-from experiments import metrics, plots, presets, report, runs, sweep
 from experiments.methods import BASELINES
 
 METHODS = ("pipedream", "nesterov", "rotation")
@@ -110,18 +110,18 @@ def settings(args, preset) -> dict:
 
 def summarize(results, top: int, window: int, level: float) -> dict:
   """Per-seed study tables of one setting reduced to what the protocol report compares:
-  ``{method: {field: [per-seed values]}}`` with the common-target slowdown, the staleness gain,
+  ``{method: {field: [per-seed values]}}`` with the own-level slowdown (the headline), the staleness gain,
   the final smoothed loss at ``top`` and at P = 1, and the plateau exit at P = 1 and ``top``."""
-  curves = report.curves_by(results)
+  curves = tables.curves_by(results)
   baselines = tuple(m for m in BASELINES if any(k[0] == m for k in curves))
-  tables = report.seed_tables(curves, window, baselines)
+  per_seed = tables.seed_tables(curves, window, baselines)
   seeds = sorted(set.intersection(*(set(v) for v in curves.values())))
   out = {}
   for m in sorted({k[0] for k in curves}):
-    at = lambda p: [next((r for r in t if r["method"] == m and r["stages"] == p), None) for t in tables]
+    at = lambda p: [next((r for r in t if r["method"] == m and r["stages"] == p), None) for t in per_seed]
     rows, rows_1 = at(top), at(1)
     out[m] = {
-        "slowdown_common": [r and r["slowdown_common"] for r in rows],
+        "slowdown_levels": [r and r["slowdown_levels"] for r in rows],
         "staleness_gain": [r and r["staleness_gain"] for r in rows],
         "final": [r and r["final"] for r in rows],
         "final_1": [r and r["final"] for r in rows_1],
@@ -145,7 +145,7 @@ def _table(summaries: dict, methods, top: int, level: float) -> list:
           + [f"{m} steps to {level:g} at P={top}" for m in methods])
   lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
   for label, s in summaries.items():
-    cells = ([spread(s[m]["slowdown_common"]) if m in s else "" for m in methods]
+    cells = ([spread(s[m]["slowdown_levels"]) if m in s else "" for m in methods]
              + [spread(s["rotation"]["staleness_gain"]) if "rotation" in s else ""]
              + [f"{spread(s[m]['final'], '{:.3f}')} ({spread(s[m]['final_1'], '{:.3f}')})" if m in s else ""
                 for m in methods]
@@ -221,16 +221,17 @@ def main(argv=None) -> pathlib.Path:
   lines = [f"# Protocol study (preset `{args.preset}`, P = 1 and P = {top}, seeds {args.seeds})", "",
            f"Command: `{command}`  ",
            f"Code: {record['code']}; {wall:.0f} s wall (cached runs take no time).", "",
-           "Slowdown: common-target slowdown from P = 1 to P = top (median over the loss levels every "
-           "run of the seed reaches of t_P / t_1). Staleness gain: rotation's advantage over the best "
-           "baseline at P = top / at P = 1 (> 1: the lead grows with staleness). Final: smoothed "
+           "Slowdown: the headline, from P = 1 to P = top (median over the loss levels the method's "
+           "own two runs share of t_P / t_1). Staleness gain: median over the levels rotation's and "
+           "the best baseline's runs share of the baseline's slowdown over rotation's (> 1: the lead "
+           "grows with staleness). Final: smoothed "
            f"training loss at the end. Steps to {args.plateau:g}: first step whose smoothed loss is "
            "below the early plateau. Each cell: mean [min, max] over seeds.", "",
            "## Warm-up and b2", "", *_table(summaries, args.methods, top, args.plateau), ""]
   if args.lr_methods:
     lines += lr_section(args, grid, lr_runs, top, window, record, out)
   fig = out / "protocol_warmup_loss.png"
-  curves = {(label, p): np.mean([report.curve_of(r) for r in rs if r["config"]["method"] == "rotation"
+  curves = {(label, p): np.mean([tables.curve_of(r) for r in rs if r["config"]["method"] == "rotation"
                                  and r["config"]["stages"] == p], axis=0)
             for label, rs in by_setting.items() for p in (1, top) if "rotation" in args.methods}
   if curves:
@@ -290,4 +291,4 @@ def lr_section(args, grid, lr_runs, top, window, record, out) -> list:
 
 
 if __name__ == "__main__":
-  sweep.exit_process(sweep.cli(entry=main))
+  cli.exit_process(cli.run(main))

@@ -27,8 +27,8 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from experiments import cli, plots, presets, sweep, tables
 from experiments import data as data_lib
-from experiments import plots, presets, report, sweep
 
 METHODS = ("pipedream", "nesterov", "rotation")
 # Centre of the learning-rate grid: the untuned rates of the earlier default study.
@@ -63,7 +63,7 @@ def _config(preset, method, p, seed, steps, **kw):
 
 
 def _rows(results, window):
-  rows = report.study_rows(report.curves_by(results), window)
+  rows = tables.study_rows(tables.curves_by(results), window)
   return {(r["method"], r["stages"]): r for r in rows}
 
 
@@ -111,7 +111,7 @@ def main(argv=None) -> pathlib.Path:
     for m in args.methods:
       base = base_lr[m]
       configs = [_config(preset, m, 1, 0, args.base, lr=base * g) for g in args.grid]
-      finals = {c.lr: report.final_loss(r, preset.window(args.base))
+      finals = {c.lr: tables.final_loss(r, preset.window(args.base))
                 for c, r in zip(configs, runs_of(configs, byte_ds))}
       ok = {lr: f for lr, f in finals.items() if np.isfinite(f)}
       chosen[m] = min(ok, key=ok.get) if ok else base
@@ -149,10 +149,10 @@ def _table(rows_by, keys, top, methods, label):
            "|---|" + "---|" * (len(methods) + 2)]
   for k in keys:
     rows = rows_by[k]
-    cells = [report.cell(rows[(m, top)], "slowdown_own") if (m, top) in rows else "" for m in methods]
+    cells = [tables.cell(rows[(m, top)], "slowdown_own") if (m, top) in rows else "" for m in methods]
     rot = rows.get(("rotation", top))
-    fewer = report.cell(rot, "fewer", "{:+.1f}%", "n/a") if rot else ""
-    finals = ", ".join(report.fmt(rows[(m, top)]["final"], "{:.3f}", "diverged") for m in methods
+    fewer = tables.cell(rot, "fewer", "{:+.1f}%", "n/a") if rot else ""
+    finals = ", ".join(tables.fmt(rows[(m, top)]["final"], "{:.3f}", "diverged") for m in methods
                        if (m, top) in rows)
     lines.append(f"| {k} | " + " | ".join(cells) + f" | {fewer} | {finals} |")
   return "\n".join(lines)
@@ -190,15 +190,15 @@ def write(out, preset, args, record, lengths, factors):
   lines += ["## Figures", "", f"![{fig.name}]({fig.name})", ""]
   for n, rs in sorted(lengths.items()):
     name = f"regime_loss_{n}.png"
-    plots.loss_curves(report.mean_curves(report.curves_by(rs)), window(n), out / name, f"{n} steps")
+    plots.loss_curves(tables.mean_curves(tables.curves_by(rs)), window(n), out / name, f"{n} steps")
     lines.append(f"![{name}]({name})")
   for i, (k, rs) in enumerate(factors.items()):
     name = f"regime_factor_{i}.png"
-    plots.loss_curves(report.mean_curves(report.curves_by(rs)), window(args.factor_steps), out / name, k)
+    plots.loss_curves(tables.mean_curves(tables.curves_by(rs)), window(args.factor_steps), out / name, k)
     lines.append(f"![{name}]({name})")
   (out / "regime.md").write_text("\n".join(lines) + "\n")
   (out / "regime.json").write_text(json.dumps(record, indent=1, default=float))
 
 
 if __name__ == "__main__":
-  sweep.exit_process(sweep.cli(entry=main))
+  cli.exit_process(cli.run(main))

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import fcntl
 import multiprocessing
-import os
 import pathlib
 import re
 import shutil
@@ -28,11 +27,12 @@ from tqdm import tqdm
 
 import pipeline_sim as ps
 from experiments import ablations as ablations_lib
+from experiments import cli, curves, metrics, report, runs, tables
 from experiments import data as data_lib
 from experiments import methods as methods_lib
 from experiments import model as model_lib
 from experiments import presets as presets_lib
-from experiments import report, runs
+from experiments.cli import RunFailed
 
 
 def parse_args(argv=None):
@@ -90,7 +90,8 @@ def parse_args(argv=None):
   parser.add_argument("--ablations", nargs="*", help="ablation groups (default: the preset's): "
                       + groups.replace("%", "%%"))  # argparse %-formats help strings
   parser.add_argument("--out", help="results folder (default results/<preset>)")
-  parser.add_argument("--publish", help="also copy report.md, results.csv and the figures into this "
+  parser.add_argument("--publish", help="also copy report.md, results.csv, summary.json, the curves "
+                      "file and the figures into this "
                       "folder (for example docs/results/cpu), after the report is written")
   parser.add_argument("--dry-run", action="store_true", help="print the plan (every run, cached or "
                       "not) with each unfinished run's compiled FLOPs per step, memory and estimated "
@@ -255,7 +256,10 @@ def make_plan(args) -> Plan:
     return config
 
   main = tuple(make(s)(m, p) for s in seeds for m in method_names for p in stages)
-  extra = tuple((a, c) for s in seeds for a, ab in chosen for c in ab.runs(make(s), max(stages)))
+  tuned = () if args.lr or args.tune_lr else tuple(  # a chosen rate replaces the preset's readings
+      (report.TUNED, make(s)(m, p, lr=lr)) for s in seeds for m, lr in preset.tuned_rates
+      if m in method_names and lr != preset.learning_rate(m) for p in stages)
+  extra = tuned + tuple((a, c) for s in seeds for a, ab in chosen for c in ab.runs(make(s), max(stages)))
   used = {c.method for c in main} | {c.method for _, c in extra}
   unused = sorted({m for m, _ in preset.learning_rates} - used - {"default"})
   if args.lr and unused:
@@ -289,7 +293,7 @@ def tune_learning_rates(plan: Plan, ds, out: pathlib.Path, overall) -> dict:
       config = preset.config(method, 1, 0, lr=base * mult, steps=steps, eval_every=steps,
                              checkpoint_every=steps, tag="tune")
       result = _run(config, ds, out, overall)
-      scores[config.lr] = report.final_loss(result, preset.window(steps))
+      scores[config.lr] = tables.final_loss(result, preset.window(steps))
     finite = {lr: f for lr, f in scores.items() if np.isfinite(f)}
     chosen[method] = min(finite, key=finite.get) if finite else base
     trials[method] = scores
@@ -300,11 +304,6 @@ def tune_learning_rates(plan: Plan, ds, out: pathlib.Path, overall) -> dict:
 
 def run_dir_of(config, ds, out: pathlib.Path) -> pathlib.Path:
   return out / "runs" / runs.run_name(config, ds.sha256, ds.vocab_size, runs.device_count(config))
-
-
-class RunFailed(RuntimeError):
-  """Runs of a parallel sweep that failed (an exception, or a worker that died); the others
-  finished, and the next start resumes the failed ones from their last checkpoint."""
 
 
 class _QueueProgress:
@@ -542,7 +541,8 @@ def publish(out: pathlib.Path, target: pathlib.Path, files=None) -> None:
   replacing older figures there, so that a reader sees them without running anything."""
   if not files:
     shown = re.findall(r"!\[[^\]]*\]\(([^)/]+\.png)\)", (out / "report.md").read_text())
-    files = [out / "report.md", out / "results.csv", *(out / f for f in dict.fromkeys(shown))]
+    files = [out / "report.md", out / "results.csv", out / "summary.json", out / curves.FILE,
+             *(out / f for f in dict.fromkeys(shown))]
   target.mkdir(parents=True, exist_ok=True)
   for old in target.glob("*.png"):
     old.unlink()
@@ -568,12 +568,31 @@ def deviations(preset, ds, stages) -> list:
              "GPT-2 BPE vocabulary 50257)")
   out.append(f"training: {t.steps} steps of batch {t.batch_size} x {cfg.context} tokens (paper: "
              "250 epochs of its data at P up to 32)")
-  out.append(f"learning rates: {dict(preset.learning_rates)}, one per method for every P (the cpu "
-             "presets' were chosen at P = 1 by `python -m experiments.regime`; paper: 1e-3 at 95M)")
-  out.append("seeds: with several seeds the tables show mean [min, max] over them; with one, its numbers")
+  out.append(f"learning rates: {dict(preset.learning_rates)} at every P (the cpu presets': one "
+             "shared rate from `python -m experiments.regime`'s P = 1 grid; paper: 1e-3 at 95M, its "
+             "baselines' rates not published)")
   if max(stages) < 32:
     out.append(f"largest P = {max(stages)} (paper: 32)")
   return out
+
+
+def study_meta(preset, ds, stages, command: str) -> dict:
+  """The study's description in its curves file (``experiments.curves``): what a rebuilt report
+  says of how the runs were made."""
+  t = preset.template
+  window = preset.window()
+  warmup = f"{t.warmup_steps} steps" if t.warmup_steps is not None else f"{t.warmup_fraction:.1%}"
+  setting = [
+      f"data: `{ds.name}`, {ds.num_tokens} tokens, vocabulary {ds.vocab_size}, sha256 `{ds.sha256}`",
+      f"model `{t.model}`, {t.steps} steps of batch {t.batch_size}, warm-up {warmup} then cosine to "
+      f"{t.final_lr_fraction:g} x peak, b2 {t.b2:g}, PipeDream-LR T_c = {t.pipemare_fraction:.1%} of "
+      f"training; learning rates {dict(preset.learning_rates)}"
+      + (f", tuned (second reading) {dict(preset.tuned_rates)}" if preset.tuned_rates else ""),
+      f"smoothing: centred window of {2 * metrics.half_window(window) + 1} steps; a diverged or "
+      "unfinished run is credited with nothing; with several seeds: mean [min, max] over seeds and "
+      "Student's t 95% interval"]
+  return {"preset": preset.name, "command": command, "code": runs.code_version(), "window": window,
+          "setting": setting, "deviations": deviations(preset, ds, stages), "plumbing": preset.plumbing}
 
 
 def main(argv=None) -> pathlib.Path:
@@ -612,42 +631,16 @@ def main(argv=None) -> pathlib.Path:
     wall = time.time() - t0
     if runs.is_primary():
       command = "python -m experiments.sweep " + " ".join(sys.argv[1:] if argv is None else argv)
-      report.write(out, preset, main_results, ablation_results, ablations_lib.ABLATIONS, ds, wall,
-                   deviations(preset, ds, plan.stages), command=command.strip(),
-                   code=runs.code_version())
+      meta = study_meta(preset, ds, plan.stages, command.strip())
+      records = [curves.record("main", r) for r in main_results]
+      records += [curves.record(a, r) for a, r in ablation_results]
+      curves.write(out / curves.FILE, meta, records)
+      report.build(out, command=command.strip())
       if args.publish:
         publish(out, pathlib.Path(args.publish))
   print(f"done in {wall:.0f}s: {out / 'report.md'}")
   return out
 
 
-def cli(argv=None, entry=None) -> int:
-  """``entry(argv)`` (default ``main``) with one-line errors and a one-line Ctrl-C message."""
-  try:
-    (entry or main)(argv)
-  except KeyboardInterrupt:
-    print("\ninterrupted; run the same command again to resume", file=sys.stderr)
-    return 130
-  except (ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  except RunFailed as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  return 0
-
-
-def exit_process(code: int) -> None:
-  """Ends the process with ``code``. After a Ctrl-C (130) it skips the interpreter's teardown: XLA's
-  compiler threads may still be running (a Ctrl-C during a compilation), and tearing down under
-  them can end in a segmentation fault. Finished work is on disk already (results and checkpoints
-  are written atomically)."""
-  if code == 130:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(130)
-  sys.exit(code)
-
-
 if __name__ == "__main__":
-  exit_process(cli())
+  cli.exit_process(cli.run(main))

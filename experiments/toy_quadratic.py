@@ -18,7 +18,7 @@ import numpy as np
 import optax
 
 import rotation
-from experiments import sweep
+from experiments import cli, sweep
 
 EIGS = (1.0, 25.0)
 
@@ -103,4 +103,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  sweep.exit_process(sweep.cli(entry=main))
+  cli.exit_process(cli.run(main))

@@ -5,7 +5,7 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import hessian
+from experiments import cli, hessian
 
 SHAPE = (6, 8)
 
@@ -84,7 +84,6 @@ def test_gradient_bases_diagonalise_the_gradient_statistics():
 
 
 def test_bad_run_folders_are_one_line_errors(tmp_path, capsys):
-  from experiments import sweep
   (tmp_path / "sweep" / "runs" / "some-run").mkdir(parents=True)
   (tmp_path / "file.txt").write_text("x")
   cases = [(tmp_path / "nope", "run folder .*nope' does not exist"),
@@ -92,7 +91,7 @@ def test_bad_run_folders_are_one_line_errors(tmp_path, capsys):
            (tmp_path / "sweep", "is a sweep's results folder; give one of its 1 runs, e.g. .*runs/some-run"),
            (tmp_path / "sweep" / "runs" / "some-run", "holds no finished run")]
   for path, match in cases:
-    assert sweep.cli([str(path)], entry=hessian.main) == 2
+    assert cli.run(hessian.main, [str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(match, err), err
   # a folder as the table's file, a missing folder, bad numbers: refused before any run is read
@@ -102,7 +101,7 @@ def test_bad_run_folders_are_one_line_errors(tmp_path, capsys):
          (["--exact-limit", "-3"], "--exact-limit must be >= 0, got -3"),
          (["--samples", "0"], "--samples must be >= 1, got 0")]
   for flags, match in bad:
-    assert sweep.cli([str(tmp_path / "nope"), *flags], entry=hessian.main) == 2
+    assert cli.run(hessian.main, [str(tmp_path / "nope"), *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(match, err), err
 

@@ -49,11 +49,8 @@ def test_study_table_on_synthetic_curves():
   expected_rot1 = int(np.ceil((4.0 / (target - 1.0) - 1) / 1.2 - 1e-9))
   np.testing.assert_allclose(rows[("rotation", 4)]["slowdown"], expected_rot / expected_rot1)
   np.testing.assert_allclose(rows[("rotation", 4)]["fewer"], 100 * (1 - expected_rot / 100))
-  for field in ("iters", "slowdown", "fewer", "final", "slowdown_own"):
+  for field in ("iters", "slowdown", "fewer", "final", "slowdown_own", "slowdown_levels", "advantage"):
     assert rows[("broken", 4)][field] is None
-  # Against the sync run (pipedream at P = 1): the stale pipedream never gets there.
-  assert rows[("pipedream", 4)]["iters_sync"] is None
-  assert rows[("pipedream", 1)]["iters_sync"] == 100
 
 
 def test_a_run_that_diverges_after_the_target_is_never_credited():
@@ -65,7 +62,7 @@ def test_a_run_that_diverges_after_the_target_is_never_credited():
             ("rotation", 1): good, ("rotation", 4): late}
   rows = {(r["method"], r["stages"]): r for r in metrics.study_table(curves, ["pipedream"], 5)}
   assert metrics.iterations_to(late, 5.0, 5) is None
-  for field in ("iters", "slowdown", "fewer", "final", "iters_own", "slowdown_own", "iters_sync"):
+  for field in ("iters", "slowdown", "fewer", "final", "iters_own", "slowdown_own", "slowdown_levels"):
     assert rows[("rotation", 4)][field] is None, field
   assert rows[("pipedream", 4)]["iters"] is not None  # the target itself still stands
 
@@ -91,7 +88,7 @@ def _scaled(speed, steps=1200):
   return _synthetic(1.0 / speed, steps)
 
 
-def test_common_target_slowdown_and_staleness_gain_are_recovered():
+def test_own_level_slowdown_and_staleness_gain_are_recovered():
   # PipeDream slows down 4x, rotation 2x; rotation is 1.5x faster than PipeDream at P = 1, so at
   # P = 16 it is 1.5 * 4 / 2 = 3x faster: its advantage grows by 2x with staleness.
   curves = {("pipedream", 1): _scaled(1.0), ("pipedream", 16): _scaled(0.25),
@@ -99,17 +96,47 @@ def test_common_target_slowdown_and_staleness_gain_are_recovered():
             ("broken", 1): _scaled(1.0), ("broken", 16): np.full(1200, np.nan)}
   rows = {(r["method"], r["stages"]): r for r in metrics.study_table(
       curves, ["pipedream"], 60, step_seconds={("rotation", 16): 0.5, ("pipedream", 16): 0.25})}
-  assert abs(rows[("pipedream", 16)]["slowdown_common"] / 4.0 - 1) < 0.02
-  assert abs(rows[("rotation", 16)]["slowdown_common"] / 2.0 - 1) < 0.02
+  assert abs(rows[("pipedream", 16)]["slowdown_levels"] / 4.0 - 1) < 0.02
+  assert abs(rows[("rotation", 16)]["slowdown_levels"] / 2.0 - 1) < 0.02
   assert abs(rows[("rotation", 1)]["advantage"] / 1.5 - 1) < 0.02
   assert abs(rows[("rotation", 16)]["advantage"] / 3.0 - 1) < 0.02
   assert abs(rows[("rotation", 16)]["staleness_gain"] / 2.0 - 1) < 0.03
-  assert rows[("pipedream", 16)]["advantage"] == 1.0
-  # a diverged run gets nothing and does not remove the others' common levels
-  assert rows[("broken", 16)]["slowdown_common"] is None and rows[("broken", 16)]["advantage"] is None
+  assert rows[("pipedream", 16)]["advantage"] == 1.0 and rows[("rotation", 1)]["staleness_gain"] == 1.0
+  # the per-level slowdowns behind the headline: 20 levels, each about 2x
+  per_level = rows[("rotation", 16)]["per_level"]
+  assert len(per_level["levels"]) == metrics.NUM_LEVELS
+  np.testing.assert_allclose(per_level["ratios"], 2.0, rtol=0.06)  # the first levels: a few steps in
+  # a diverged run gets nothing and moves no one else's numbers
+  assert rows[("broken", 16)]["slowdown_levels"] is None and rows[("broken", 16)]["advantage"] is None
+  # the control: percent fewer to the P = 16 target at P = 1 (rotation 1.5x faster: 33% fewer)
+  assert abs(rows[("rotation", 1)]["fewer_top"] - 100 * (1 - 1 / 1.5)) < 1.0
+  assert abs(rows[("rotation", 16)]["fewer_top"] - 100 * (1 - 1 / 3.0)) < 1.0
   # wall-clock to the target = iterations x seconds per step
   r = rows[("rotation", 16)]
   assert r["seconds"] == r["iters"] * 0.5 and rows[("rotation", 1)]["seconds"] is None
+
+
+def test_a_methods_headline_depends_on_its_own_runs_only():
+  """Adding a method that starts slowly and ends high (which narrowed every method's levels under
+  the old common-level headline) leaves rotation's headline unchanged."""
+  pair = {("pipedream", 1): _scaled(1.0), ("pipedream", 16): _scaled(0.25),
+          ("rotation", 1): _scaled(1.5), ("rotation", 16): _scaled(0.75)}
+  slow = np.maximum(_synthetic(8.0), 3.2)
+  everyone = {**pair, ("nesterov", 1): _synthetic(3.0), ("nesterov", 16): slow}
+  head = lambda curves: {(r["method"], r["stages"]): r["slowdown_levels"]
+                         for r in metrics.study_table(curves, ["pipedream", "nesterov"], 60)}
+  alone, with_all = head(pair), head(everyone)
+  assert alone[("rotation", 16)] == with_all[("rotation", 16)]
+  assert alone[("pipedream", 16)] == with_all[("pipedream", 16)]
+
+
+def test_interval_is_students_t_of_the_mean():
+  iv = metrics.interval([1.11, 0.51, 0.81])
+  half = 4.302652729911275 * np.std([1.11, 0.51, 0.81], ddof=1) / np.sqrt(3)  # t(0.975, 2 dof)
+  np.testing.assert_allclose(iv["ci95"], [0.81 - half, 0.81 + half])
+  assert (iv["min"], iv["max"], iv["seeds"]) == (0.51, 1.11, 3)
+  assert metrics.interval([2.0])["ci95"] is None  # one seed: no interval
+  assert metrics.interval([1.0, None]) is None and metrics.interval([1.0, np.inf]) is None
 
 
 def test_common_levels_are_reached_by_every_run():

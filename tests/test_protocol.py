@@ -51,7 +51,7 @@ def test_summary_recovers_known_slowdowns_gain_and_plateau_exit():
     results += [_result("pipedream", 1, seed, _curve(1.0)), _result("pipedream", 16, seed, _curve(4.0)),
                 _result("rotation", 1, seed, _curve(0.5)), _result("rotation", 16, seed, _curve(1.0))]
   s = protocol.summarize(results, 16, window=60, level=3.0)
-  for slowdown, got in ((4.0, s["pipedream"]["slowdown_common"]), (2.0, s["rotation"]["slowdown_common"])):
+  for slowdown, got in ((4.0, s["pipedream"]["slowdown_levels"]), (2.0, s["rotation"]["slowdown_levels"])):
     assert len(got) == 2 and all(abs(x / slowdown - 1) < 0.03 for x in got), got
   # rotation's advantage: 2x at P = 1, 4x at P = 16 -> a staleness gain of 2
   assert all(abs(g / 2.0 - 1) < 0.03 for g in s["rotation"]["staleness_gain"]), s["rotation"]

@@ -1,11 +1,12 @@
-"""The claims table of the report (experiments/report.py) on synthetic curves with known verdicts."""
+"""The report (experiments/report.py, sections.py, tables.py) rebuilt from a curves file of synthetic runs."""
 
-import re
+
+import json
 
 import numpy as np
 import pytest
 
-from experiments import report
+from experiments import curves, report, sections, tables
 
 STEPS, WINDOW = 200, 5
 
@@ -19,94 +20,10 @@ def result(method, stages, end, seed=0, status="finished", mode="weight_stashing
           "status": status, "losses": losses.tolist()}
 
 
-def claims(tmp_path, main, groups=None):
-  ctx = report.Context(tmp_path, WINDOW, main, [])
-  tables = report.seed_tables(report.curves_by(main), WINDOW)
-  lines = report.claims_section(ctx, tables, groups or {})
-  return {line.split(" | ")[0].lstrip("| "): line.split(" | ")[-1].rstrip(" |") for line in lines
-          if line.startswith("| ") and " | " in line}
-
-
 def main_study(rot_end, seed=0, baselines=(2.0, 2.1, 2.2)):
   runs = [result(m, 1, 1.0, seed) for m in ("pipedream", "pipedream-lr", "nesterov", "rotation")]
   runs += [result(m, 4, e, seed) for m, e in zip(("pipedream", "pipedream-lr", "nesterov"), baselines)]
   return runs + [result("rotation", 4, rot_end, seed)]
-
-
-def test_a_target_never_reached_is_not_reproduced_with_its_reason(tmp_path):
-  got = claims(tmp_path, main_study(rot_end=2.5))
-  fewer = got["rotation needs fewer iterations than the best baseline at P = 4"]
-  assert fewer == "**not reproduced** (rotation never reached the best baseline's final loss)"
-  lead = "rotation's lead over the best baseline grows with staleness (staleness gain, P = 4)"
-  assert got[lead].startswith("**not reproduced** (gain 0.")  # equal at P = 1, slower at P = 4
-  got = claims(tmp_path, main_study(rot_end=1.5))  # the control: it reaches it sooner
-  assert got["rotation needs fewer iterations than the best baseline at P = 4"] == "reproduced"
-  assert got[lead] == "reproduced"
-
-
-def test_one_failing_seed_fails_a_multi_seed_claim(tmp_path):
-  got = claims(tmp_path, main_study(1.5, seed=0) + main_study(2.5, seed=1))
-  assert got["rotation needs fewer iterations than the best baseline at P = 4"].startswith(
-      "**not reproduced** (1 of 2 seeds: rotation never reached")
-  got = claims(tmp_path, main_study(1.5, seed=0) + main_study(1.6, seed=1))
-  assert got["rotation needs fewer iterations than the best baseline at P = 4"] == "reproduced (all 2 seeds)"
-
-
-def test_diverged_runs_keep_the_no_stashing_claim(tmp_path):
-  main = main_study(rot_end=1.5)
-  no_stash = lambda m, p, end, status="finished": result(m, p, end, status=status, mode="no_stashing")
-  base = [no_stash(m, 1, 1.0) for m in ("pipedream", "pipedream-lr", "nesterov", "rotation")]
-  claim = "without weight stashing rotation degrades less than every baseline (final-loss change, P = 4)"
-  rotation_diverged = base + [no_stash(m, 4, 2.6) for m in ("pipedream", "pipedream-lr", "nesterov")] + [
-      no_stash("rotation", 4, 1.6, status="diverged")]
-  got = claims(tmp_path, main, {"no-stashing": rotation_diverged})
-  assert got[claim] == "**not reproduced** (rotation diverged or did not finish)"
-  baseline_diverged = base + [no_stash("pipedream", 4, 2.0, status="diverged")] + [
-      no_stash(m, 4, 2.6) for m in ("pipedream-lr", "nesterov")] + [no_stash("rotation", 4, 1.6)]
-  got = claims(tmp_path, main, {"no-stashing": baseline_diverged})
-  assert got[claim] == "reproduced"  # a diverged baseline degraded without bound
-  ends = zip(("pipedream", "pipedream-lr", "nesterov"), (2.05, 2.6, 2.6))
-  slow = base + [no_stash(m, 4, e) for m, e in ends]
-  got = claims(tmp_path, main, {"no-stashing": slow + [no_stash("rotation", 4, 1.7)]})
-  assert got[claim] == "**not reproduced** (rotation degrades more than pipedream)"
-
-
-def _stretched_run(method, stages, stretch, seed=0):
-  t = np.arange(1, 601) / stretch
-  return {"config": {"method": method, "stages": stages, "seed": seed, "mode": "weight_stashing"},
-          "status": "finished", "losses": list(2.0 + 3.0 * np.exp(-t / 100) + 0.5 / (1 + t / 30))}
-
-
-def test_taxonomy_claim_in_both_slowdown_families(tmp_path):
-  """Each variant's P = 4 curve reaches every level ``slowdown`` times later than its P = 1 curve."""
-  def variants(slowdowns):
-    return [_stretched_run(m, p, s if p == 4 else 1.0)
-            for m, s in zip(("rotation", "rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni"),
-                            slowdowns)
-            for p in (1, 4)]
-  main = main_study(rot_end=1.5)
-  got = claims(tmp_path, main, {"variants": variants((1.5, 2.0, 2.5, 3.0))})
-  for how in ("", " at common targets"):
-    assert got[f"second-order bilateral slows down least of the 2 x 2 taxonomy (P = 4){how}"] == "reproduced"
-  got = claims(tmp_path, main, {"variants": variants((2.5, 2.0, 3.0, 3.5))})
-  for how in ("", " at common targets"):
-    verdict = got[f"second-order bilateral slows down least of the 2 x 2 taxonomy (P = 4){how}"]
-    want = r"\*\*not reproduced\*\* \(rotation-2nd-uni (1\.9\d|2\.0\d) <= rotation 2\.\d\d\)"
-    assert re.fullmatch(want, verdict), verdict
-
-
-def test_slowdown_claim_counts_a_diverged_baseline_as_slowest(tmp_path):
-  main = main_study(rot_end=1.5)
-  main = [r for r in main if not (r["config"]["method"] == "nesterov" and r["config"]["stages"] == 4)]
-  main.append(result("nesterov", 4, 1.2, status="diverged"))
-  got = claims(tmp_path, main)
-  assert got["rotation slows down least from P = 1 to P = 4"] == "reproduced"
-  main[-2] = result("rotation", 4, 1.5, status="diverged")
-  got = claims(tmp_path, main)
-  assert got["rotation slows down least from P = 1 to P = 4"] == (
-      "**not reproduced** (rotation diverged or never reached its own loss)")
-  assert got["rotation needs fewer iterations than the best baseline at P = 4"] == (
-      "**not reproduced** (rotation diverged or did not finish)")
 
 
 def _stretched(stretch, n=600):  # a loss curve reaching every level ``stretch`` times later
@@ -122,8 +39,8 @@ def test_size_section_reports_each_widths_slowdowns(tmp_path):
         stretch = (slowdown if p == 8 else 1.0) / speed
         results.append({"config": {"method": method, "stages": p, "seed": 0, "width": width,
                                    "model": "cpu-deep"}, "losses": _stretched(stretch), "status": "finished"})
-  ctx = report.Context(tmp_path, 30, [], [])
-  lines = report.size_section(ctx, "width", results, size_of=report.width_of, label="width")
+  ctx = sections.Context(tmp_path, 30, [], [])
+  lines = sections.size_section(ctx, "width", results, size_of=tables.width_of, label="width")
   rows = [line.split(" | ") for line in lines[2:4]]
   assert [(r[0], r[1]) for r in rows] == [("| 32", "8"), ("| 64", "8")]
   for r, slowdown in zip(rows, (4.0, 2.0)):
@@ -142,8 +59,8 @@ def test_size_section_groups_p1_controls_by_their_size(tmp_path):
         stretch = (slowdown if p > 1 else 1.0) * (blocks / 4)  # bigger models are slower here
         results.append({"config": {"method": method, "stages": p, "seed": 0, "num_blocks": blocks,
                                    "model": "cpu-deep"}, "losses": _stretched(stretch), "status": "finished"})
-  lines = report.size_section(report.Context(tmp_path, 30, [], []), "scaling", results,
-                              size_of=report.blocks_of, label="blocks")
+  lines = sections.size_section(sections.Context(tmp_path, 30, [], []), "scaling", results,
+                              size_of=tables.blocks_of, label="blocks")
   rows = [line.split(" | ") for line in lines[2:4]]
   assert [(r[0], r[1]) for r in rows] == [("| 4", "4"), ("| 8", "8")]
   for r, slowdown in zip(rows, (1.5, 3.0)):
@@ -166,6 +83,8 @@ def test_sync_readme_rewrites_only_stale_generated_blocks(tmp_path):
     report.sync_readme(readme)
   with pytest.raises(ValueError, match="--readme .*nope.md' is not a file"):
     report.main(["--readme", str(tmp_path / "nope.md")])
+  with pytest.raises(FileNotFoundError, match="curves.json.gz"):
+    report.main([str(tmp_path)])
 
 
 def test_diagnostics_section_averages_windows_per_stage_and_draws_them(tmp_path):
@@ -176,27 +95,98 @@ def test_diagnostics_section_averages_windows_per_stage_and_draws_them(tmp_path)
   results = [result("pipedream", [[0.5, 0.7, 1.0], [0.7, 0.9, 1.0]], [[0.4, 0.2, 0.0], [0.2, 0.2, 0.0]]),
              result("rotation", [[0.8, 0.9, 1.0]], [[0.1, 0.1, 0.0]]),
              {"config": {"method": "nesterov", "stages": 3, "mode": "weight_stashing", "seed": 0}}]
-  ctx = report.Context(tmp_path, 30, [], [])
-  lines = report.diagnostics_section(ctx, results)
+  ctx = sections.Context(tmp_path, 30, [], [])
+  lines = sections.diagnostics_section(ctx, results)
   rows = [line for line in lines if line.startswith("| pipedream") or line.startswith("| rotation")]
   assert rows == [
       "| pipedream | 3 | weight_stashing | 2: 0.600, 1: 0.800, 0: 1.000 | 2: 0.30, 1: 0.20, 0: 0.00 |",
       "| rotation | 3 | weight_stashing | 2: 0.800, 1: 0.900, 0: 1.000 | 2: 0.10, 1: 0.10, 0: 0.00 |"]
   assert ctx.figures == ["diagnostics.png"] and (tmp_path / "diagnostics.png").stat().st_size > 0
-  assert report.diagnostics_section(ctx, results[2:]) == []
+  assert sections.diagnostics_section(ctx, results[2:]) == []
 
 
 def test_wall_clock_comes_only_from_runs_timed_alone(tmp_path):
   runs = main_study(1.5)
   for r in runs:
     r["steps_per_second"] = 100.0 if r["config"]["method"] == "rotation" else 200.0
-  alone = report.main_section(report.Context(tmp_path, WINDOW, runs, []), runs)[0]
-  table = "\n".join(alone[alone.index("## Wall-clock to the target at P (seconds)"):][:6])
-  iters = {r["stages"]: r["iters"] for r in report.study_rows(report.curves_by(runs), WINDOW)
+  alone = sections.main_section(sections.Context(tmp_path, WINDOW, runs, []), runs)[0]
+  table = "\n".join(alone[alone.index("## Wall-clock to the target at P (seconds)"):][:8])
+  iters = {r["stages"]: r["iters"] for r in tables.study_rows(tables.curves_by(runs), WINDOW)
            if r["method"] == "rotation"}
   assert f"| rotation | {iters[1] / 100.0:.0f} | {iters[4] / 100.0:.0f} |" in table
   runs[0]["jobs"] = 2  # one run trained beside another: its seconds carry the other's load
-  timed = report.step_seconds_by(runs)
+  timed = tables.step_seconds_by(runs)
   assert ("pipedream", 1) not in timed and ("rotation", 1) in timed
-  shared = report.main_section(report.Context(tmp_path, WINDOW, runs, []), runs)[0]
+  shared = sections.main_section(sections.Context(tmp_path, WINDOW, runs, []), runs)[0]
   assert "Not measured: runs were trained 2 at a time (`--jobs`)" in "\n".join(shared)
+
+
+def _curve_run(method, stages, stretch, seed, group="main", lr=3e-3, val=None):
+  """A curves-file record reaching every level ``stretch`` times later than the reference."""
+  losses = _stretched(stretch)
+  return {"group": group, "name": f"{method}_P{stages}_lr{lr:g}_s{seed}", "status": "finished",
+          "config": {"method": method, "stages": stages, "seed": seed, "mode": "weight_stashing",
+                     "model": "cpu-deep", "num_blocks": None, "lr": lr, "steps": len(losses)},
+          "losses": losses, "val_steps": [len(losses)], "val_losses": [val or losses[-1]],
+          "seconds": 1.0, "steps_per_second": None, "jobs": 2,
+          "host": {"cpu": "test CPU", "cores": 2}, "code": {"version": "0", "commit": "abc"}}
+
+
+def _write_study(path, runs):
+  meta = {"preset": "test", "command": "python -m experiments.sweep --preset test", "window": 30,
+          "setting": ["a synthetic study"], "deviations": [], "plumbing": False,
+          "code": {"version": "0", "commit": "abc"}}
+  path.mkdir(parents=True, exist_ok=True)
+  curves.write(path / curves.FILE, meta, runs)
+  return path
+
+
+def test_a_report_is_rebuilt_from_its_curves_and_a_methods_headline_ignores_the_others(tmp_path):
+  runs = []
+  for seed in (0, 1, 2):
+    j = 1 + 0.05 * seed
+    for m, s1, sp in (("pipedream", 1.0, 4.0), ("nesterov", 1.3, 6.0), ("pipedream-lr", 1.0, 3.5),
+                      ("rotation", 1 / 1.2, 2.0 / 1.2)):
+      runs += [_curve_run(m, 1, s1, seed), _curve_run(m, 8, sp * j, seed)]
+  source = _write_study(tmp_path / "study", runs)
+  summary = report.main([str(source)])
+  assert set(summary) >= {"command", "commit", "hosts", "headline", "claims"}
+  head = summary["headline"]["rotation"]["8"]
+  assert set(head) == {"mean", "min", "max", "ci95", "seeds"} and head["seeds"] == 3
+  assert abs(head["mean"] / 2.1 - 1) < 0.05  # 2.0 x the seeds' jitter (1, 1.05, 1.1)
+  assert all(c["verdict"] in ("reproduced", "refuted", "inconclusive") for c in summary["claims"])
+  assert json.loads((source / "summary.json").read_text())["headline"] == summary["headline"]
+  text = (source / "report.md").read_text()
+  assert "every run trained on one CPU: test CPU (2 cores)" in text
+  assert "Not measured: runs were trained 2 at a time" in text
+  for figure in ("main_loss.png", "main_slowdown.png", "main_levels.png"):
+    assert f"![{figure}]({figure})" in text and (source / figure).stat().st_size > 0
+  pair = report.main([str(source), "--methods", "pipedream", "rotation", "--out", str(tmp_path / "pair")])
+  assert pair["headline"]["rotation"] == summary["headline"]["rotation"]
+  assert set(pair["headline"]) == {"pipedream", "rotation"}
+  assert "(baselines in this report: pipedream)" in pair["claims"][0]["claim"]
+  with pytest.raises(ValueError, match=r"--methods \['muon'\]: not in this study"):
+    report.main([str(source), "--methods", "muon"])
+
+
+def test_runs_from_two_cpus_are_said_so():
+  runs = [_curve_run("pipedream", 1, 1.0, 0), _curve_run("pipedream", 8, 4.0, 0)]
+  runs[1]["host"] = {"cpu": "other CPU", "cores": 2}
+  lines = report.header({"preset": "t", "command": "c", "setting": []}, runs, "c")
+  assert any("the runs come from more than one CPU" in line for line in lines)
+
+
+@pytest.mark.parametrize("tuned_vals,main_reading", [((1.70, 1.71, 1.69), "tuned"),
+                                                     ((1.78, 1.81, 1.79), "shared")])
+def test_a_tuned_rate_is_the_main_reading_only_beyond_the_seed_noise(tuned_vals, main_reading):
+  shared_vals = (1.80, 1.79, 1.80)
+  main = [_curve_run("rotation", p, 1.0, s, val=v) for s, v in enumerate(shared_vals) for p in (1, 8)]
+  main += [_curve_run("pipedream", p, 1.0, s) for s in range(3) for p in (1, 8)]
+  tuned = [_curve_run("rotation", p, 1.0, s, group=report.TUNED, lr=6e-3, val=v)
+           for s, v in enumerate(tuned_vals) for p in (1, 8)]
+  first, second, choice = report.choose_rates(main, tuned)
+  assert choice["rotation"]["main"] == main_reading
+  rot_lr = lambda rs: {r["config"]["lr"] for r in rs if r["config"]["method"] == "rotation"}
+  assert rot_lr(first) == ({6e-3} if main_reading == "tuned" else {3e-3})
+  assert rot_lr(second) == ({3e-3} if main_reading == "tuned" else {6e-3})
+  assert len(first) == len(second) == 12

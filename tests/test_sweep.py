@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import tqdm as tqdm_lib
 
+from experiments import cli, runs, sweep
 from experiments import data as data_lib
-from experiments import runs, sweep
+from experiments import report as report_lib
 
 
 def test_smoke_sweep_end_to_end(tmp_path):
@@ -23,7 +24,8 @@ def test_smoke_sweep_end_to_end(tmp_path):
   here = runs.train(plan.main[0], ds, tmp_path / "here")  # pipedream at P = 1
   there = json.loads((sweep.run_dir_of(plan.main[0], ds, out) / "result.json").read_text())
   assert here["losses"] == there["losses"] and here["val_losses"] == there["val_losses"]
-  for name in ("results.csv", "report.md", "main_loss.png", "main_slowdown.png"):
+  for name in ("results.csv", "report.md", "summary.json", "curves.json.gz", "main_loss.png",
+               "main_slowdown.png", "main_levels.png"):
     assert (out / name).stat().st_size > 0, name
   results = [json.loads(p.read_text()) for p in (out / "runs").glob("*/result.json")]
   assert len(results) == 4 and all(r["status"] == "finished" for r in results)
@@ -34,6 +36,11 @@ def test_smoke_sweep_end_to_end(tmp_path):
     assert r["versions"]["host"] == {"cpu": runs.host()["cpu"], "cores": len(runs.usable_cores())}
   report = (out / "report.md").read_text()
   assert "| pipedream | 1.00 |" in report and "| rotation |" in report
+  assert "this preset is a plumbing check" in report and "**reproduced**" not in report
+  # The report is rebuilt from the curves file alone, to the same numbers.
+  summary = json.loads((out / "summary.json").read_text())
+  rebuilt = report_lib.build(out, tmp_path / "rebuilt")
+  assert rebuilt["headline"] == summary["headline"] and rebuilt["claims"] == [] == summary["claims"]
   # Runs trained two at a time are not timed alone: the report shows no wall-clock for them.
   assert here["jobs"] == 1 and all(r["jobs"] == 2 for r in results)
   assert "Not measured: runs were trained 2 at a time" in report
@@ -45,11 +52,12 @@ def test_smoke_sweep_end_to_end(tmp_path):
   sweep.main(["--preset", "smoke", "--out", str(out), "--publish", str(tmp_path / "pub")])
   assert {p: p.stat().st_mtime_ns for p in before} == before
   published = sorted(p.name for p in (tmp_path / "pub").iterdir())
-  assert published == ["main_loss.png", "main_slowdown.png", "report.md", "results.csv"]
+  assert published == ["curves.json.gz", "main_levels.png", "main_loss.png", "main_slowdown.png",
+                       "report.md", "results.csv", "summary.json"]
   header = (tmp_path / "pub" / "report.md").read_text().splitlines()[2]
   assert header.startswith(f"- made by `python -m experiments.sweep --preset smoke --out {out} --publish")
-  assert f"commit {str(runs.code_version()['commit'])[:12]}" in header
-  assert "s of training over its 4 runs" in header
+  assert f"commit(s) {str(runs.code_version()['commit'])[:12]}" in header
+  assert "s of training over 4 runs" in header
 
 
 class _Interrupt(Exception):
@@ -150,12 +158,12 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
       (["--execution", "devices", "--mode", "stale_gradients"], "mode 'stale_gradients' has no device"),
   ]
   for argv, match in cases:
-    assert sweep.cli(["--preset", "smoke"] + argv) == 2
+    assert cli.run(sweep.main, ["--preset", "smoke"] + argv) == 2
     err = capsys.readouterr().err.strip()
     assert match in err and len(err.splitlines()) == 1, (argv, err)
   bin_file = tmp_path / "t.bin"
   np.arange(1000, dtype=np.uint16).tofile(bin_file)
-  assert sweep.cli(["--preset", "smoke", "--data", str(bin_file), "--vocab-size", "0"]) == 2
+  assert cli.run(sweep.main, ["--preset", "smoke", "--data", str(bin_file), "--vocab-size", "0"]) == 2
   assert "must be in [1, 65536], got 0" in capsys.readouterr().err
 
 
@@ -206,7 +214,7 @@ def test_ctrl_c_is_one_line(monkeypatch, capsys):
     raise KeyboardInterrupt
 
   monkeypatch.setattr(sweep, "main", interrupted)
-  assert sweep.cli([]) == 130
+  assert cli.run(sweep.main, []) == 130
   assert capsys.readouterr().err.strip() == "interrupted; run the same command again to resume"
 
 
@@ -235,10 +243,19 @@ def test_a_dry_run_reports_memory_before_running_and_skips_what_cannot_fit(tmp_p
 
 def test_rotation_variants_share_rotations_learning_rate():
   preset = sweep.presets_lib.PRESETS["cpu"]
-  rates = dict(preset.learning_rates)
+  preset = sweep.dataclasses.replace(preset, learning_rates=(("default", 1e-3), ("rotation", 2e-3)))
   for m in ("rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni", "rotation-sa", "rotation-T100"):
-    assert preset.learning_rate(m) == rates["rotation"], m
-  assert preset.learning_rate("pipedream-lr") == rates["default"]
+    assert preset.learning_rate(m) == 2e-3, m
+  assert preset.learning_rate("pipedream-lr") == 1e-3
+
+
+def test_the_cpu_preset_shares_one_rate_and_adds_the_tuned_reading():
+  plan = sweep.make_plan(sweep.parse_args(["--preset", "cpu", "--seeds", "0", "1"]))
+  assert {c.lr for c in plan.main} == {3e-3}
+  tuned = [(c.method, c.stages, c.seed, c.lr) for g, c in plan.ablations if g == "tuned-lr"]
+  assert sorted(tuned) == [("rotation", p, s, 6e-3) for p in (1, 16) for s in (0, 1)]
+  plan = sweep.make_plan(sweep.parse_args(["--preset", "cpu", "--lr", "rotation=6e-3"]))
+  assert not [g for g, _ in plan.ablations]  # a chosen rate replaces the readings
 
 
 @pytest.mark.parametrize("values,expected", [
@@ -254,7 +271,7 @@ def test_lr_values_are_order_independent(values, expected):
 def test_lr_conflicts_are_errors_and_unused_methods_warn(capsys):
   for values, match in ((["1e-3", "2e-3"], "two plain rates (0.001 and 0.002)"),
                         (["rotation=1e-3", "rotation=2e-3"], "gives rotation two rates")):
-    assert sweep.cli(["--preset", "smoke", "--dry-run", "--lr", *values]) == 2
+    assert cli.run(sweep.main, ["--preset", "smoke", "--dry-run", "--lr", *values]) == 2
     err = capsys.readouterr().err.strip()
     assert match in err and len(err.splitlines()) == 1, err
   with pytest.warns(UserWarning, match="nesterov is not among this sweep's methods"):
@@ -271,7 +288,7 @@ def test_a_p1_only_sweep_claims_nothing_about_staleness(tmp_path):
                     "--out", str(tmp_path / "p1")])
   report = (out / "report.md").read_text()
   assert "largest P = 1 (paper: 32)" in report and "largest P = 4" not in report
-  assert "from P = 1 to P = 1" not in report and "this sweep ran P = 1 only | not measured" in report
+  assert "from P = 1 to P = 1" not in report and "**reproduced**" not in report
   with pytest.raises(ValueError, match="--jobs must be >= 1, got 0"):
     sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--jobs", "0"]))
 
@@ -402,13 +419,13 @@ def test_a_dead_worker_ends_only_its_own_run_and_failures_are_named(tmp_path):
   todo = [(0, _KilledRun(), tmp_path / "killed"), (1, bad, tmp_path / "bad"),
           (2, good, sweep.run_dir_of(good, ds, tmp_path))]
   with tqdm_lib.tqdm(total=3, file=io.StringIO()) as overall:
-    with pytest.raises(sweep.RunFailed, match=r"2 run\(s\) failed: .*the-killed-run.*the others finished"):
+    with pytest.raises(cli.RunFailed, match=r"2 run\(s\) failed: .*the-killed-run.*the others finished"):
       sweep._run_parallel(todo, ds, overall, jobs=2)
     assert overall.n == 3
   # the run beside them trained to the end, with the numbers of a run trained alone
   result = runs.load_result(sweep.run_dir_of(good, ds, tmp_path))
   assert result["status"] == "finished" and len(result["losses"]) == good.steps
-  assert sweep.cli(["--preset", "smoke", "--methods", "no-such-method"]) == 2
+  assert cli.run(sweep.main, ["--preset", "smoke", "--methods", "no-such-method"]) == 2
 
 
 def test_a_worker_refuses_to_train_code_other_than_the_sweeps(tmp_path):

@@ -1,0 +1,39 @@
+"""What every ``python -m experiments.<tool>`` shares: one-line errors, exit statuses, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+class RunFailed(RuntimeError):
+  """Some runs of a sweep failed (each named); the others finished and the same command resumes."""
+
+
+def run(entry, argv=None) -> int:
+  """``entry(argv)`` with one-line errors (status 2 for bad input, 1 for failed runs) and a
+  one-line Ctrl-C message (status 130)."""
+  try:
+    entry(argv)
+  except KeyboardInterrupt:
+    print("\ninterrupted; run the same command again to resume", file=sys.stderr)
+    return 130
+  except (ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  except RunFailed as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+def exit_process(code: int) -> None:
+  """Ends the process with ``code``. After a Ctrl-C (130) it skips the interpreter's teardown: XLA's
+  compiler threads may still be running (a Ctrl-C during a compilation), and tearing down under
+  them can end in a segmentation fault. Finished work is on disk already (results and checkpoints
+  are written atomically)."""
+  if code == 130:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+  sys.exit(code)
