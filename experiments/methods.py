@@ -96,7 +96,7 @@ def stage_optimizers(config) -> list[optax.GradientTransformation]:
   per-stage gradient clipping at ``config.clip_norm``."""
   method = check_method(config.method)
   lr, wd, num_stages = schedule(config), config.weight_decay, config.stages
-  delays = ps.stage_delays(num_stages)
+  delays = ps.stage_delays(num_stages, config.schedule)
   period = config.refresh_every or method.refresh_every
   periods = rotation.stage_aware_refresh(delays, period, method.allocation)
 

@@ -103,12 +103,13 @@ def header(meta: dict, runs: list, command: str) -> list:
   """The report's first lines: how it was made, on which CPUs, and the study's setting."""
   hosts = sorted({json.dumps(r["host"], sort_keys=True) for r in runs if r.get("host")})
   commits = sorted({str((r.get("code") or {}).get("commit"))[:12] for r in runs})
-  trained = sum(r.get("seconds") or 0.0 for r in runs)
+  distinct = {r["name"]: r for r in runs}  # an ablation may list a main run again
+  trained = sum(r.get("seconds") or 0.0 for r in distinct.values())
   made = (f"made by `{command}`" if command == meta["command"] else
           f"rebuilt by `{command}` from `{curves_lib.FILE}` (the sweep: `{meta['command']}`)")
   lines = [f"# Staleness study: preset `{meta['preset']}`", "",
            f"- {made}; runs trained by commit(s) {', '.join(commits)}, {trained:.0f} s of training "
-           f"over {len(runs)} runs (compilation included)"]
+           f"over {len(distinct)} distinct runs (compilation included)"]
   cpus = [json.loads(h) for h in hosts]
   if len(cpus) > 1:
     lines.append("- **the runs come from more than one CPU**: " + "; ".join(

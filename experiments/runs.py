@@ -56,6 +56,8 @@ class RunConfig:
     stages: pipeline depth P (P = 1: synchronous training).
     seed: parameter initialisation and batch stream.
     mode: pipeline emulation, one of ``pipeline_sim.MODES``.
+    schedule: ``"1f1b"`` (PipeDream: stage k lags ``P - 1 - k`` updates) or ``"2bw"``
+      (PipeDream-2BW: every stage one update, whatever P; emulated, mode ``weight_stashing``).
     execution: ``"emulated"`` (one program computes every stage: ``pipeline_sim.Pipeline``) or
       ``"devices"`` (P stages on P devices, 1F1B with ``ppermute``: ``pipeline_sim.DevicePipeline``,
       modes ``weight_stashing`` and ``no_stashing``). Same trajectory to float round-off.
@@ -106,6 +108,7 @@ class RunConfig:
   stages: int = 1
   seed: int = 0
   mode: str = "weight_stashing"
+  schedule: str = "1f1b"
   execution: str = "emulated"
   model: str = "cpu-deep"
   num_blocks: int | None = None
@@ -144,6 +147,7 @@ class RunConfig:
     blocks += f"-W{self.width}" if self.width not in (None, model_lib.CONFIGS[self.model].width) else ""
     blocks += "-bf16" if self.dtype == "bfloat16" else ""
     blocks += "-devices" if self.execution == "devices" else ""
+    blocks += "-2bw" if self.schedule == "2bw" and self.stages > 1 else ""
     blocks += "-fsdp" if self.fsdp else ""
     blocks += f"-wu{self.warmup_steps}" if self.warmup_steps is not None else ""
     blocks += f"-b2_{self.b2:g}" if self.b2 != 0.999 else ""
@@ -169,6 +173,11 @@ class RunConfig:
       raise ValueError(f"unknown model {self.model!r}; choose from {sorted(model_lib.CONFIGS)}")
     if self.mode not in ps.MODES:
       raise ValueError(f"unknown mode {self.mode!r}; choose from {ps.MODES}")
+    if self.schedule not in ps.SCHEDULES:
+      raise ValueError(f"unknown schedule {self.schedule!r}; choose from {ps.SCHEDULES}")
+    if self.schedule == "2bw" and (self.mode != "weight_stashing" or self.execution != "emulated"):
+      raise ValueError(f"schedule '2bw' runs emulated with mode 'weight_stashing' (its two weight "
+                       f"versions are the stash), got mode {self.mode!r}, execution {self.execution!r}")
     if self.execution not in EXECUTIONS:
       raise ValueError(f"unknown execution {self.execution!r}; choose from {EXECUTIONS}")
     if self.execution == "devices" and self.fsdp:
@@ -219,7 +228,7 @@ class RunConfig:
 # "not used", so that adding an option never invalidates finished runs that do not use it.
 OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False, "warmup_steps": None,
                    "b2": 0.999, "diagnose_every": None, "diagnose_steps": 16, "width": None,
-                   "remat": None, "loss_chunk": None}
+                   "remat": None, "loss_chunk": None, "schedule": "1f1b"}
 
 # The model's numerics, part of every run's identity: 1 for runs made with the model's own einsum
 # attention (every run published before December 2026), 2 since attention is
@@ -239,6 +248,7 @@ def canonical(config: RunConfig) -> RunConfig:
   (the same run, so the same identity and folder)."""
   cfg = model_lib.CONFIGS[config.model]
   return dataclasses.replace(config, width=None if config.width == cfg.width else config.width,
+                             schedule="1f1b" if config.stages == 1 else config.schedule,
                              num_blocks=None if config.num_blocks == cfg.num_blocks else config.num_blocks)
 
 
@@ -457,7 +467,7 @@ def pipeline_of(config: RunConfig, cfg, graphdef, params) -> ps.Pipeline:
   loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
   return ps.Pipeline(loss_fn, methods.stage_optimizers(config), model_lib.stage_labels(params, config.stages),
                      mode=config.mode, staged=_staged(config, cfg) if config.mode == "no_stashing" else None,
-                     grad_norms=True)
+                     grad_norms=True, schedule=config.schedule)
 
 
 def build(config: RunConfig, ds: Dataset, devices=None):

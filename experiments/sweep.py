@@ -81,6 +81,9 @@ def parse_args(argv=None):
   parser.add_argument("--vocab-size", type=int, help="vocabulary of a .bin token file (default 50257)")
   parser.add_argument("--mode", default="weight_stashing", choices=ps.MODES,
                       help="pipeline emulation of the main study (default weight_stashing, PipeDream)")
+  parser.add_argument("--schedule", choices=ps.SCHEDULES, help="asynchronous schedule (default 1f1b, "
+                      "PipeDream: stage k lags P - 1 - k updates; 2bw, PipeDream-2BW: every stage one "
+                      "update, whatever P; mode weight_stashing, emulated)")
   parser.add_argument("--execution", choices=runs.EXECUTIONS, help="emulated (default: one program "
                       "computes every stage) or devices (stage k on device k, 1F1B with ppermute; the "
                       "device count must be a multiple of every P)")
@@ -205,6 +208,8 @@ def make_preset(args) -> presets_lib.Preset:
     over["loss_chunk"] = args.loss_chunk or None
   if args.execution is not None:
     over["execution"] = args.execution
+  if args.schedule is not None:
+    over["schedule"] = args.schedule
   if args.fsdp:
     over["fsdp"] = True
   given = [n for n, v in (("--warmup", args.warmup), ("--warmup-steps", args.warmup_steps),

@@ -10,6 +10,7 @@ from pipeline_sim.baselines import (
     scale_by_nadam_torch,
 )
 from pipeline_sim.delays import (
+    SCHEDULES,
     check_labels,
     leaf_delays,
     merge_stages,
@@ -23,7 +24,8 @@ from pipeline_sim.gradients import Staged, no_stashing_value_and_grad
 from pipeline_sim.sharding import data_mesh, fsdp, replicate, shard_batches
 
 __all__ = [
-    "DEVICE_MODES", "DevicePipeline", "DevicePipelineState", "MODES", "Pipeline", "PipelineState",
+    "DEVICE_MODES", "SCHEDULES", "DevicePipeline", "DevicePipelineState", "MODES", "Pipeline",
+    "PipelineState",
     "Staged", "check_labels", "data_mesh", "fsdp", "leaf_delays", "merge_stages", "nesterov",
     "nesterov_stage_b1", "no_stashing_value_and_grad", "num_stages_of", "per_stage", "pipedream",
     "pipedream_lr", "pipeline_mesh", "pipemare_lr_schedule", "replicate", "scale_by_nadam_torch",

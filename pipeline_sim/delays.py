@@ -11,11 +11,25 @@ from __future__ import annotations
 import jax
 import optax
 
+SCHEDULES = ("1f1b", "2bw")
 
-def stage_delays(num_stages: int) -> tuple[int, ...]:
-  """``tau_k = P - 1 - k``: the first stage lags ``P - 1`` updates, the last none."""
+
+def stage_delays(num_stages: int, schedule: str = "1f1b") -> tuple[int, ...]:
+  """Stage k's delay ``tau_k`` in updates under ``schedule``.
+
+  - ``"1f1b"`` (PipeDream, no flush): ``tau_k = P - 1 - k``; the first stage lags ``P - 1``
+    updates, the last none.
+  - ``"2bw"`` (PipeDream-2BW, Narayanan et al., 2021): every stage computes update t's gradient on
+    the weights ``W_{t-1}`` (two weight versions, gradients accumulated over a batch of at least P
+    micro-batches), so ``tau_k = 1`` for every stage whatever P; P = 1 is no pipeline (``(0,)``),
+    the synchronous reference of both schedules.
+  """
   if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
     raise ValueError(f"number of stages must be an int >= 1, got {num_stages!r}")
+  if schedule not in SCHEDULES:
+    raise ValueError(f"unknown pipeline schedule {schedule!r}; choose from {SCHEDULES}")
+  if schedule == "2bw":
+    return (1 if num_stages > 1 else 0,) * num_stages
   return tuple(num_stages - 1 - k for k in range(num_stages))
 
 

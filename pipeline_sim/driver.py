@@ -73,6 +73,11 @@ class Pipeline:
       each step's freshly computed gradient (all stages, before any clipping).
     merged: run the one ``optimizer`` once over every stage's leaves with one state (not per stage;
       see the module docstring); modes ``weight_stashing`` and ``no_stashing`` only.
+    schedule: ``"1f1b"`` (PipeDream's delays ``tau_k = P - 1 - k``) or ``"2bw"`` (PipeDream-2BW:
+      update t's gradient at ``W_{t-1}`` for every stage, ``W_0`` for t = 0, a delay of one whatever
+      P; with mode ``"weight_stashing"`` only, since 2BW's two weight versions are its stash: its
+      forward and backward always see one version, so there is no 2BW without stashing, and a
+      gradient FIFO at the current weights would apply batch t's gradient at update t + 1).
 
   ``run(state, batches)`` is jit-compiled and *consumes* ``state`` (its buffers are donated, so that
   the pipeline is updated in place): use the state it returns, never the one passed in.
@@ -80,12 +85,16 @@ class Pipeline:
 
   def __init__(self, loss_fn: Callable | None,
                optimizer: optax.GradientTransformation | Sequence[optax.GradientTransformation],
-               labels, mode: str = "weight_stashing",
-               staged: Staged | None = None, grad_norms: bool = False, merged: bool = False):
+               labels, mode: str = "weight_stashing", staged: Staged | None = None,
+               grad_norms: bool = False, merged: bool = False, schedule: str = "1f1b"):
     if mode not in MODES:
       raise ValueError(f"unknown pipeline mode {mode!r}; choose from {MODES}")
     num_stages = num_stages_of(labels)
-    self.delays = stage_delays(num_stages)
+    self.delays = stage_delays(num_stages, schedule)
+    if schedule == "2bw" and mode != "weight_stashing":
+      raise ValueError(f"schedule '2bw' needs mode 'weight_stashing' (its two weight versions are "
+                       f"the stash), got mode {mode!r}")
+    self.schedule = schedule
     if mode == "no_stashing" and staged is None:
       raise ValueError("mode 'no_stashing' needs the model as stage functions (staged=Staged(...))")
     if staged is not None and len(staged.stage_fns) != num_stages:

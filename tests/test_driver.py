@@ -113,6 +113,111 @@ def test_weight_stashing_matches_event_simulation_of_1f1b(num_stages):
   assert pipe.run._cache_size() == 1
 
 
+def event_simulation_2bw(w0, xs, ys, lr):
+  """Event-by-event PipeDream-2BW: 1F1B over a stream of micro-batches, ``m = xs.shape[1]`` per
+  batch; a stage accumulates its gradients over a batch and updates once at the backward of the
+  batch's last micro-batch; every micro-batch of batch t runs forward and backward on the stage's
+  version ``W(t - 1)`` (``W(0)`` for t = 0), which the simulation checks the stage already has.
+
+  Returns ``history[k]``: stage k's weights after each of its updates (float64)."""
+  num_stages, (num_batches, m) = len(w0), xs.shape
+  n = num_batches * m
+  xs, ys = xs.reshape(-1), ys.reshape(-1)
+  orders = []
+  for k in range(num_stages):  # the 1F1B order of each stage, as above
+    warm = min(num_stages - k, n)
+    ops, nxt = [("F", i) for i in range(warm)], warm
+    for i in range(n):
+      ops.append(("B", i))
+      if nxt < n:
+        ops.append(("F", nxt))
+        nxt += 1
+    orders.append(ops)
+  weights = [[float(w)] for w in w0]
+  acc = [[0.0] * num_batches for _ in range(num_stages)]
+  acts = [[None] * n for _ in range(num_stages + 1)]
+  cots = [[None] * n for _ in range(num_stages + 1)]
+  done, pos = set(), [0] * num_stages
+  while any(p < len(o) for p, o in zip(pos, orders)):
+    ready = []
+    for k in range(num_stages):
+      if pos[k] == len(orders[k]):
+        continue
+      kind, i = orders[k][pos[k]]
+      if kind == "F" and (k == 0 or ("F", k - 1, i) in done):
+        ready.append((k, kind, i))
+      if kind == "B" and ("F", k, i) in done and (k == num_stages - 1 or ("B", k + 1, i) in done):
+        ready.append((k, kind, i))
+    assert ready, "schedule deadlocked"
+    for k, kind, i in ready:
+      t = i // m
+      version = max(0, t - 1)
+      assert len(weights[k]) > version, "2BW's version W(t - 1) is not there yet"
+      w = weights[k][version]
+      if kind == "F":
+        acts[k][i] = xs[i] if k == 0 else acts[k][i]
+        acts[k + 1][i] = w * acts[k][i]
+      else:
+        ct = (acts[num_stages][i] - ys[i]) / m if k == num_stages - 1 else cots[k + 1][i]
+        acc[k][t] += ct * acts[k][i]
+        cots[k][i] = ct * w
+        if i % m == m - 1:  # the batch's last micro-batch: one update with the batch's gradient
+          weights[k].append(weights[k][-1] - lr * acc[k][t])
+      done.add((kind, k, i))
+      pos[k] += 1
+  return weights
+
+
+def _mean_loss(loss_fn):
+  return lambda params, batch: jnp.mean(loss_fn(params, batch))
+
+
+@pytest.mark.parametrize("num_stages", [2, 4])
+def test_2bw_matches_event_simulation_and_a_one_step_delayed_gradient(num_stages):
+  params, labels, loss_fn = product_model(num_stages)
+  steps, m = 8, num_stages  # at least P micro-batches per batch, as 2BW needs
+  rng = np.random.default_rng(3)
+  xs, ys = rng.uniform(0.5, 1.5, (steps, m)), rng.normal(size=(steps, m))
+  history = event_simulation_2bw([float(w) for w in params["w"]], xs, ys, LR)
+  pipe = ps.Pipeline(_mean_loss(loss_fn), optax.sgd(LR), labels, "weight_stashing", schedule="2bw")
+  assert pipe.delays == (1,) * num_stages
+  state = pipe.init(params)
+  batches = (jnp.asarray(xs, jnp.float32), jnp.asarray(ys, jnp.float32))
+  ours = []
+  for i in range(steps):
+    state, _ = pipe.run(state, jax.tree.map(lambda b: b[i:i + 1], batches))
+    ours.append([float(w) for w in state.params["w"]])
+  for k in range(num_stages):
+    np.testing.assert_allclose(np.array(ours)[:, k], history[k][1:], rtol=1e-5)
+  # Adam (per-stage copies) against a plain loop: update t applies the gradient at W(t - 1).
+  opt = optax.adam(0.05)
+  pipe = ps.Pipeline(_mean_loss(loss_fn), opt, labels, "weight_stashing", schedule="2bw")
+  state, _ = pipe.run(pipe.init(params), batches)
+  w, prev, opt_state = params, params, opt.init(params)
+  for i in range(steps):
+    g = jax.grad(_mean_loss(loss_fn))(prev, jax.tree.map(lambda b: b[i], batches))
+    updates, opt_state = opt.update(g, opt_state, w)
+    prev, w = w, optax.apply_updates(w, updates)
+  np.testing.assert_allclose(state.params["w"], w["w"], rtol=1e-6)
+
+
+def test_2bw_is_synchronous_at_p1_and_refuses_modes_it_cannot_mean():
+  params, labels, loss_fn = product_model(1)
+  assert ps.stage_delays(1, "2bw") == (0,) and ps.stage_delays(3, "2bw") == (1, 1, 1)
+  xs, ys = batches(6)
+  a = ps.Pipeline(loss_fn, optax.adam(0.05), labels, schedule="2bw")
+  b = ps.Pipeline(loss_fn, optax.adam(0.05), labels)
+  np.testing.assert_array_equal(a.run(a.init(params), (xs, ys))[0].params["w"],
+                                b.run(b.init(params), (xs, ys))[0].params["w"])
+  params, labels, loss_fn = product_model(2)
+  for mode in ("stale_gradients", "no_stashing"):
+    with pytest.raises(ValueError, match=f"schedule '2bw' needs mode 'weight_stashing'.*got mode '{mode}'"):
+      ps.Pipeline(loss_fn, optax.sgd(1.0), labels, mode, staged=ps.Staged([lambda p, a: a] * 2, None),
+                  schedule="2bw")
+  with pytest.raises(ValueError, match="unknown pipeline schedule 'gpipe'"):
+    ps.Pipeline(loss_fn, optax.sgd(1.0), labels, schedule="gpipe")
+
+
 def test_stale_gradients_fifo_and_warm_up():
   num_stages, n = 4, 10
   rng = np.random.default_rng(0)

@@ -57,7 +57,7 @@ def test_smoke_sweep_end_to_end(tmp_path):
   header = (tmp_path / "pub" / "report.md").read_text().splitlines()[2]
   assert header.startswith(f"- made by `python -m experiments.sweep --preset smoke --out {out} --publish")
   assert f"commit(s) {str(runs.code_version()['commit'])[:12]}" in header
-  assert "s of training over 4 runs" in header
+  assert "s of training over 4 distinct runs" in header
 
 
 class _Interrupt(Exception):
@@ -438,3 +438,16 @@ def test_a_worker_refuses_to_train_code_other_than_the_sweeps(tmp_path):
   assert (kind, index) == ("error", 7)
   assert "source changed since the sweep began (experiments/runs.py)" in message
   assert not (tmp_path / "run").exists()  # nothing trained
+
+
+def test_a_2bw_sweep_shares_its_p1_runs_with_1f1b_and_refuses_other_modes():
+  plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--schedule", "2bw"]))
+  ds = data_lib.load(None, context=plan.main[0].model_config(256).context)
+  base = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
+  names = lambda p: {c.stages: runs.run_name(c, ds.sha256, ds.vocab_size)
+                     for c in p.main if c.method == "pipedream"}
+  two, one = names(plan), names(base)
+  assert two[1] == one[1] and two[4] != one[4] and "-2bw_" in two[4]
+  assert runs.identity(base.main[0], "x", 256)["config"].get("schedule") is None  # old runs keep their names
+  assert cli.run(sweep.main, ["--preset", "smoke", "--schedule", "2bw", "--mode", "no_stashing",
+                              "--dry-run"]) == 2
