@@ -153,6 +153,13 @@ def main_claims(tables, reading: str = "") -> list[Claim]:
                    spec="{:+.1f}%", context="control at P = 1, to the same target: " + describe(
                        control, metrics.interval(field(1, "rotation", "fewer_top")), "{:+.1f}%")
                    + f"; at P = {top}: "))
+  if any(_at(t, "muon", top) for t in tables) and any(_at(t, "pipedream", top) for t in tables):
+    gap = lambda t, m: (_final(_at(t, m, top)) - _final(_at(t, m, 1)))
+    diffs = [gap(t, "pipedream") - gap(t, "muon") for t in tables]
+    out.append(check(f"Muon degrades less than AdamW under the delay (final-loss gap to P = 1 at "
+                     f"P = {top}){reading}", "AdamW's validation gap > 0.2, Muon's 0.012 (arXiv "
+                     "2606.30634, PipeDream-2BW)", [d if np.isfinite(d) else "a run diverged" for d in diffs],
+                     0.0, spec="{:+.3f}", context="AdamW's gap minus Muon's: "))
   return out
 
 

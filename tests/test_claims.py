@@ -123,3 +123,14 @@ def test_a_p1_only_study_claims_nothing_about_staleness():
   got = claims.main_claims(seed_tables(curves_by(runs), WINDOW))
   assert [(c.evidence, c.verdict, c.why) for c in got] == [
       ("this sweep ran P = 1 only", "inconclusive", "not measured")]
+
+
+def test_muon_against_adamw_gap_claim():
+  runs = []
+  for s in (0, 1, 2):
+    runs += [_run("pipedream", 1, 1.0, s), _run("pipedream", 8, 1.0, s, end=2.3 + 0.01 * s),
+             _run("muon", 1, 1.0, s), _run("muon", 8, 1.0, s, end=2.02),
+             _run("rotation", 1, 1.0, s), _run("rotation", 8, 1.0, s, end=2.1)]
+  got = [c for c in claims.main_claims(seed_tables(curves_by(runs), WINDOW)) if "Muon" in c.claim]
+  assert len(got) == 1 and got[0].verdict == "reproduced"
+  assert got[0].evidence.startswith("AdamW's gap minus Muon's: +0.29")
