@@ -1,0 +1,61 @@
+"""The project's modules import each other without a circle (one of them makes the import order
+matter and hides which module a concept lives in)."""
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("rotation", "pipeline_sim", "experiments", "autodiff_demos")
+
+
+def _module(path: pathlib.Path) -> str:
+  parts = path.relative_to(ROOT).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph() -> dict:
+  """``{module: {project modules it imports anywhere in its file}}``."""
+  files = {_module(p): p for pkg in PACKAGES for p in (ROOT / pkg).glob("*.py")}
+  graph = {}
+  for name, path in files.items():
+    deps = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        deps |= {a.name for a in node.names}
+      elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        deps |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+    graph[name] = {d for d in deps if d in files and d != name and d not in PACKAGES}
+  return graph
+
+
+def _cycle(graph):
+  state, stack = {}, []
+
+  def visit(n):
+    state[n] = "open"
+    stack.append(n)
+    for m in sorted(graph[n]):
+      if state.get(m) == "open":
+        return stack[stack.index(m):] + [m]
+      if m not in state and (found := visit(m)):
+        return found
+    state[n] = "done"
+    stack.pop()
+    return None
+
+  for n in sorted(graph):
+    if n not in state and (found := visit(n)):
+      return found
+  return None
+
+
+def test_no_import_cycle_among_the_projects_modules():
+  graph = _graph()
+  assert {"experiments.report", "experiments.sweep", "experiments.ablations"} <= set(graph)
+  assert "experiments.sections" in graph["experiments.ablations"]  # the graph sees real imports
+  assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_the_cycle_finder_finds_a_cycle():
+  assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+  assert _cycle({"a": {"b"}, "b": set()}) is None
