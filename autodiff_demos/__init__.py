@@ -1,1 +1,1 @@
-"""Measured proof of why deep learning differentiates in reverse (the tutorial seed, in JAX)."""
+"""Measured proof of why deep learning differentiates in reverse (docs/autodiff.md, in JAX)."""

@@ -1,5 +1,5 @@
-"""``python -m autodiff_demos [--markdown PATH] [--plots DIR]``: every claim of the tutorial seed,
-its figure beside JAX's value and XLA's measured cost, with PASS/FAIL."""
+"""``python -m autodiff_demos [--markdown PATH] [--plots DIR]``: every claim of the tutorial
+(docs/autodiff.md), its figure beside JAX's value and XLA's measured cost, with PASS/FAIL."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                       f"{r['seconds'] * 1e6:.0f} |" for r in hvp_table)
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text(
-        "# Why deep learning differentiates in reverse: the seed's claims, measured\n\n"
+        "# Why deep learning differentiates in reverse: the tutorial's claims, measured\n\n"
         + report.markdown(claims) + "\n## Core comparison on an MLP loss\n\n"
         "| n | method | XLA FLOPs | temp bytes | time (us) |\n|---|---|---|---|---|\n" + table + "\n")
   if args.plots:

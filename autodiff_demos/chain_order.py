@@ -13,7 +13,7 @@ from autodiff_demos.report import check
 
 
 def analytic(width: int = 4096, layers: int = 100):
-  """The seed's counts: (layers - 1) products of n^3 or of n^2 multiplies."""
+  """The tutorial's counts: (layers - 1) products of n^3 or of n^2 multiplies."""
   return (layers - 1) * width**3, (layers - 1) * width**2
 
 

@@ -18,8 +18,8 @@ from autodiff_demos.report import check
 DEPTHS = (16, 36, 64, 100, 144)
 
 
-def seed_counts(layers: int = 100):
-  """The seed's figure: sqrt(L) stored boundaries plus sqrt(L) recomputed activations."""
+def tutorial_counts(layers: int = 100):
+  """The tutorial's figure: sqrt(L) stored boundaries plus sqrt(L) recomputed activations."""
   seg = math.isqrt(layers)
   return 2 * seg, layers
 
@@ -78,7 +78,7 @@ def claims(rows=None):
   plain_exp = costs.growth_exponent(depths, [r["plain_bytes"] for r in rows])
   ckpt_exp = costs.growth_exponent(depths, [r["ckpt_bytes"] for r in rows])
   ratio = rows[-1]["ckpt_flops"] / rows[-1]["plain_flops"]
-  stored, total = seed_counts()
+  stored, total = tutorial_counts()
   return [
       check("checkpointing", "L = 100 with sqrt(L) segments", "20 stored instead of 100",
             f"{stored} stored instead of {total}", (stored, total) == (20, 100)),

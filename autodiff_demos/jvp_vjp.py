@@ -1,4 +1,4 @@
-"""JVP and VJP on the seed's worked example, and dual numbers (forward mode by hand)."""
+"""JVP and VJP on the tutorial's worked example, and dual numbers (forward mode by hand)."""
 
 from __future__ import annotations
 

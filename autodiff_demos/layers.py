@@ -1,5 +1,5 @@
 """Per-layer VJPs, fan-out sums, broadcasting, gradient accumulation, and the backward/forward
-FLOP ratio of an MLP with the seed's variants."""
+FLOP ratio of an MLP with the tutorial's variants."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def elementwise_vjp_cost(width: int = 4096):
 
 
 def mlp_ratios(width: int = 256, layers: int = 8, batch: int = 64):
-  """Backward FLOPs / forward FLOPs for a linear MLP and the seed's variants."""
+  """Backward FLOPs / forward FLOPs for a linear MLP and the tutorial's variants."""
   key = jax.random.PRNGKey(0)
   ws = list(jax.random.normal(key, (layers, width, width)) / jnp.sqrt(width))
   x = jax.random.normal(key, (batch, width))

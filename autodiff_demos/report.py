@@ -1,4 +1,4 @@
-"""Claims of the tutorial seed with their measured values, as a text or Markdown table."""
+"""Claims of the tutorial (docs/autodiff.md) with their measured values, as a text or Markdown table."""
 
 from __future__ import annotations
 
@@ -11,22 +11,22 @@ class Claim:
   """One checked statement.
 
   Attributes:
-    topic: section of the seed.
-    claim: what the seed says.
-    seed: the seed's own figure.
+    topic: section of the tutorial.
+    claim: what the tutorial says.
+    tutorial: the tutorial's own figure.
     measured: what JAX/XLA gave here.
-    passed: whether ``measured`` agrees with ``seed`` within the stated tolerance.
+    passed: whether ``measured`` agrees with ``tutorial`` within the stated tolerance.
   """
 
   topic: str
   claim: str
-  seed: str
+  tutorial: str
   measured: str
   passed: bool
 
 
-def check(topic, claim, seed, measured, passed) -> Claim:
-  return Claim(topic, claim, str(seed), str(measured), bool(passed))
+def check(topic, claim, tutorial, measured, passed) -> Claim:
+  return Claim(topic, claim, str(tutorial), str(measured), bool(passed))
 
 
 def text(claims, width: int = 100) -> str:
@@ -35,7 +35,8 @@ def text(claims, width: int = 100) -> str:
   for c in claims:
     lines += textwrap.wrap(f"[{'PASS' if c.passed else 'FAIL'}] {c.topic}: {c.claim}", width,
                            subsequent_indent="       ")
-    lines += textwrap.wrap(f"seed: {c.seed}", width, initial_indent="       ", subsequent_indent="         ")
+    lines += textwrap.wrap(f"tutorial: {c.tutorial}", width, initial_indent="       ",
+                           subsequent_indent="         ")
     lines += textwrap.wrap(f"measured: {c.measured}", width, initial_indent="       ",
                            subsequent_indent="         ")
   lines.append(f"{sum(c.passed for c in claims)} passed, {sum(not c.passed for c in claims)} failed")
@@ -44,8 +45,8 @@ def text(claims, width: int = 100) -> str:
 
 def markdown(claims) -> str:
   esc = lambda s: s.replace("|", "\\|")
-  lines = ["| topic | claim | seed's figure | JAX / XLA here | |", "|---|---|---|---|---|"]
+  lines = ["| topic | claim | the tutorial's figure | JAX / XLA here | |", "|---|---|---|---|---|"]
   for c in claims:
-    lines.append(f"| {c.topic} | {esc(c.claim)} | {esc(c.seed)} | {esc(c.measured)} | "
+    lines.append(f"| {c.topic} | {esc(c.claim)} | {esc(c.tutorial)} | {esc(c.measured)} | "
                  f"{'PASS' if c.passed else 'FAIL'} |")
   return "\n".join(lines) + "\n"

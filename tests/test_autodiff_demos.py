@@ -101,7 +101,7 @@ def test_checkpointing_memory_and_compute():
   assert costs.growth_exponent(depths, [r["plain_bytes"] for r in rows]) > 0.85
   ratio = rows[-1]["ckpt_flops"] / rows[-1]["plain_flops"]
   assert 1.15 < ratio < 1.45
-  assert checkpointing.seed_counts(100) == (20, 100)
+  assert checkpointing.tutorial_counts(100) == (20, 100)
 
 
 def test_report_rendering():
