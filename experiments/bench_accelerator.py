@@ -29,6 +29,7 @@ import jax
 from experiments import bench_optimizer, bench_pipeline, bench_study, runs
 from experiments import data as data_lib
 from experiments import presets as presets_lib
+from experiments.config import run_name
 
 PARTS = ("optimizer", "pipeline", "preset")
 
@@ -48,7 +49,7 @@ def preset_runs(configs, work: pathlib.Path) -> dict:
   ds = data_lib.default_corpus(configs[0].model_config(256).context)
   out = {}
   for config in configs:
-    result = runs.train(config, ds, work / runs.run_name(config, ds.sha256, ds.vocab_size))
+    result = runs.train(config, ds, work / run_name(config, ds.sha256, ds.vocab_size))
     out[(config.method, config.stages)] = {
         "steps_per_second": result["steps_per_second"],
         "first_chunk_seconds": result["compile_seconds"],

@@ -17,6 +17,7 @@ import time
 import jax
 import numpy as np
 
+from experiments import memory as memory_lib
 from experiments import methods, presets, runs
 from experiments import model as model_lib
 
@@ -58,8 +59,8 @@ def main(argv=None) -> list:
   rows = []
   for p, v, name, c in configs:
     t0 = time.perf_counter()
-    compiled, _ = runs.compile_chunk(c, v)
-    mem = runs.memory(compiled)
+    compiled, _ = memory_lib.compile_chunk(c, v)
+    mem = memory_lib.memory(compiled)
     rows.append({"stages": p, "vocab_size": v, "setting": name, **mem})
     print(f"{p:>3} {v:>6} {name:<7} {mem['arguments'] / 2**30:>14.2f} {mem['temporaries'] / 2**30:>16.2f} "
           f"{time.perf_counter() - t0:>10.0f}", flush=True)
@@ -79,7 +80,7 @@ def main(argv=None) -> list:
 
 def step_seconds(config, vocab_size: int) -> float:
   """Best of three timed chunks of ``config``'s emulated run on random tokens (after one to compile)."""
-  compiled, _ = runs.compile_chunk(config, vocab_size)
+  compiled, _ = memory_lib.compile_chunk(config, vocab_size)
   cfg = config.model_config(vocab_size)
   graphdef, params = model_lib.init(cfg, seed=0)
   pipe = runs.pipeline_of(config, cfg, graphdef, params)

@@ -21,8 +21,8 @@ import optax
 import pipeline_sim as ps
 import rotation
 from experiments import data as data_lib
+from experiments import memory as memory_lib
 from experiments import model as model_lib
-from experiments import runs
 
 
 def time_interleaved(fns: dict, steps: int, rounds: int = 3) -> dict:
@@ -81,7 +81,7 @@ def bench_update(params, refresh_every, steps, rounds=3):
     t0 = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state).compile()
     compile_s = time.perf_counter() - t0
-    flops = runs.xla_flops(compiled)
+    flops = memory_lib.xla_flops(compiled)
     fns[name] = (compiled, (jax.tree.map(jnp.copy, params), state))
     out[name] = {"flops": flops, "compile": compile_s}
   for name, seconds in time_interleaved(fns, steps, rounds).items():

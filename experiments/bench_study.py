@@ -30,22 +30,24 @@ import jax
 
 from experiments import bench_optimizer, runs
 from experiments import data as data_lib
+from experiments import memory as memory_lib
 from experiments import model as model_lib
 from experiments import presets as presets_lib
+from experiments.config import RunConfig, run_name
 
 PARTS = ("first chunk", "steady", "build", "eval", "checkpoint", "other")
 
 
-def flops_per_step(config: runs.RunConfig, ds) -> float:
+def flops_per_step(config: RunConfig, ds) -> float:
   """XLA's FLOP count of one training step of ``config`` (forward, backward, optimizer), from the
   lowered chunk (no compilation: a scan's body is counted once)."""
   pipe, state, _, _ = runs.build(config, ds)
   context = config.model_config(ds.vocab_size).context
   batches = ds.batches(config.seed, 0, config.chunk, config.batch_size, context)
-  return runs.xla_flops(pipe.run.lower(state, batches))
+  return memory_lib.xla_flops(pipe.run.lower(state, batches))
 
 
-def floor_program(config: runs.RunConfig, ds):
+def floor_program(config: RunConfig, ds):
   """``(chunk, params, batches)``: ``chunk(params, batches)`` runs ``config.chunk`` steps of the
   model's forward, backward and a plain SGD update (rate 1e-3) in one scan, and returns the
   parameters: what any training step of this model costs at least, without the pipeline's rings
@@ -61,7 +63,7 @@ def floor_program(config: runs.RunConfig, ds):
   return jax.jit(lambda p, b: jax.lax.scan(step, p, b)[0]), params, batches
 
 
-def floor_rate(config: runs.RunConfig, ds, rounds: int = 3) -> tuple[float, float]:
+def floor_rate(config: RunConfig, ds, rounds: int = 3) -> tuple[float, float]:
   """``(steps per second, XLA's FLOPs per step)`` of ``floor_program`` (best of ``rounds`` after
   compiling once)."""
   chunk, params, batches = floor_program(config, ds)
@@ -72,7 +74,7 @@ def floor_rate(config: runs.RunConfig, ds, rounds: int = 3) -> tuple[float, floa
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(params, batches))
     best = min(best, time.perf_counter() - t0)
-  return config.chunk / best, runs.xla_flops(compiled)
+  return config.chunk / best, memory_lib.xla_flops(compiled)
 
 
 def account(result: dict, wall: float) -> dict:
@@ -115,7 +117,7 @@ def main(argv=None):
   rows = []
   for config in configs:
     cpu0, t0 = time.process_time(), time.perf_counter()
-    result = runs.train(config, ds, work / "runs" / runs.run_name(config, ds.sha256, ds.vocab_size))
+    result = runs.train(config, ds, work / "runs" / run_name(config, ds.sha256, ds.vocab_size))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     parts = account(result, wall)
     rows.append((config, wall, cpu, parts))

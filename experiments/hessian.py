@@ -32,8 +32,9 @@ import numpy as np
 
 import pipeline_sim as ps
 import rotation
-from experiments import cli, runs, sweep
+from experiments import cli, provenance, runs, sweep
 from experiments import data as data_lib
+from experiments.config import RunConfig
 
 
 def mm(a, b):
@@ -193,7 +194,7 @@ def analyse(run_dir, paths=None, samples: int = 64, batches: int = 4, data_path=
     raise ValueError(f"need samples >= 1 and exact_limit >= 0, got {samples} and {exact_limit}")
   run_dir = pathlib.Path(run_dir)
   result = check_run_dir(run_dir)
-  config = runs.RunConfig(**result["config"])
+  config = RunConfig(**result["config"])
   cfg_context = config.model_config(256).context
   vocab = result["data"].get("vocab_size")
   ds = data_lib.load(data_path, context=cfg_context,
@@ -275,7 +276,7 @@ def main(argv=None):
     pathlib.Path(args.json).write_text(json.dumps(by_run, indent=1))
   if args.markdown:
     command = " ".join(["python -m experiments.hessian"] + (sys.argv[1:] if argv is None else list(argv)))
-    code = runs.code_version()
+    code = provenance.code_version()
     pathlib.Path(args.markdown).write_text(
         f"Command: `{command}`  \nCode: {code}\n\n" + "\n".join(lines) + "\n")
   if outputs:

@@ -47,7 +47,7 @@ import scipy.linalg
 
 import pipeline_sim as ps
 import rotation
-from experiments import cli, hessian, runs, sweep
+from experiments import cli, hessian, provenance, sweep
 
 OPTIMIZERS = ("adam", "rotation", "oracle")
 
@@ -193,7 +193,7 @@ def run(study: Study, out: pathlib.Path, argv=None) -> dict:
   got["seconds"] = time.time() - t0
   out.mkdir(parents=True, exist_ok=True)
   (out / "misalignment.json").write_text(json.dumps(got, indent=1))
-  code = runs.code_version()
+  code = provenance.code_version()
   command = " ".join(["python -m experiments.misalignment", *(argv or [])])
   header = ["# Misalignment x delay on a controlled problem", "",
             f"- made by `{command}` (code {code['version']}, commit {str(code['commit'])[:12]}), "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from experiments import methods as methods_lib
-from experiments.runs import RunConfig
+from experiments.config import RunConfig
 
 
 @dataclasses.dataclass(frozen=True)

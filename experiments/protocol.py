@@ -37,7 +37,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from experiments import cli, metrics, plots, presets, runs, sweep, tables
+from experiments import cli, metrics, plots, presets, processes, provenance, sweep, tables
 from experiments import data as data_lib
 from experiments.methods import BASELINES
 
@@ -177,7 +177,7 @@ def main(argv=None) -> pathlib.Path:
   if args.publish:
     sweep.check_folder(pathlib.Path(args.publish), "--publish")
   jobs = sweep.resolve_jobs(args.jobs, preset.template)
-  runs.code_version()
+  provenance.code_version()
   t = preset.template
   top, window = args.top, preset.window()
   make = lambda m, p, s, **kw: dataclasses.replace(preset.config(m, p, s), **kw)
@@ -211,7 +211,7 @@ def main(argv=None) -> pathlib.Path:
         rates[:] = sorted(rates + [new])
   wall = time.time() - t0
   record = {"preset": args.preset, "top": top, "seeds": args.seeds, "window": window,
-            "plateau": args.plateau, "wall_seconds": wall, "code": runs.code_version(),
+            "plateau": args.plateau, "wall_seconds": wall, "code": provenance.code_version(),
             "settings": {}, "learning_rates": {}}
   command = " ".join(["python -m experiments.protocol"] + (sys.argv[1:] if argv is None else list(argv)))
   summaries = {label: summarize(rs, top, window, args.plateau) for label, rs in by_setting.items()}
@@ -240,7 +240,7 @@ def main(argv=None) -> pathlib.Path:
   if args.lr_methods:
     lines += ["![protocol_lr.png](protocol_lr.png)", ""]
   (out / "protocol.md").write_text("\n".join(lines) + "\n")
-  runs.write_json(out / "protocol.json", json.loads(json.dumps(record, default=float)))
+  processes.write_json(out / "protocol.json", json.loads(json.dumps(record, default=float)))
   if args.publish:
     sweep.publish(out, pathlib.Path(args.publish), [out / "protocol.md", *sorted(out.glob("protocol_*.png"))])
   print(f"done in {wall:.0f}s: {out / 'protocol.md'}")

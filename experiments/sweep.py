@@ -27,12 +27,14 @@ from tqdm import tqdm
 
 import pipeline_sim as ps
 from experiments import ablations as ablations_lib
-from experiments import cli, curves, metrics, report, runs, tables
+from experiments import cli, curves, metrics, processes, provenance, report, runs, tables
 from experiments import data as data_lib
+from experiments import memory as memory_lib
 from experiments import methods as methods_lib
 from experiments import model as model_lib
 from experiments import presets as presets_lib
 from experiments.cli import RunFailed
+from experiments.config import EXECUTIONS, device_count, run_name
 
 
 def parse_args(argv=None):
@@ -84,7 +86,7 @@ def parse_args(argv=None):
   parser.add_argument("--schedule", choices=ps.SCHEDULES, help="asynchronous schedule (default 1f1b, "
                       "PipeDream: stage k lags P - 1 - k updates; 2bw, PipeDream-2BW: every stage one "
                       "update, whatever P; mode weight_stashing, emulated)")
-  parser.add_argument("--execution", choices=runs.EXECUTIONS, help="emulated (default: one program "
+  parser.add_argument("--execution", choices=EXECUTIONS, help="emulated (default: one program "
                       "computes every stage) or devices (stage k on device k, 1F1B with ppermute; the "
                       "device count must be a multiple of every P)")
   parser.add_argument("--fsdp", action="store_true", help="shard the emulated pipeline's state over "
@@ -130,7 +132,7 @@ def resolve_jobs(jobs: int | None, template) -> int:
   shared = (jax.default_backend() == "cpu" and jax.process_count() == 1
             and template.execution != "devices" and not template.fsdp)
   if jobs is None:
-    return len(runs.usable_cores()) if shared else 1
+    return len(provenance.usable_cores()) if shared else 1
   if jobs < 1:
     raise ValueError(f"--jobs must be >= 1, got {jobs}")
   if jobs > 1 and not shared:
@@ -302,13 +304,13 @@ def tune_learning_rates(plan: Plan, ds, out: pathlib.Path, overall) -> dict:
     finite = {lr: f for lr, f in scores.items() if np.isfinite(f)}
     chosen[method] = min(finite, key=finite.get) if finite else base
     trials[method] = scores
-  runs.write_json(out / "tuning.json", {"chosen": chosen, "trials": {
+  processes.write_json(out / "tuning.json", {"chosen": chosen, "trials": {
       m: {str(k): v for k, v in t.items()} for m, t in trials.items()}})  # process 0, atomically
   return chosen
 
 
 def run_dir_of(config, ds, out: pathlib.Path) -> pathlib.Path:
-  return out / "runs" / runs.run_name(config, ds.sha256, ds.vocab_size, runs.device_count(config))
+  return out / "runs" / run_name(config, ds.sha256, ds.vocab_size, device_count(config))
 
 
 class _QueueProgress:
@@ -332,7 +334,7 @@ def _worker(queue, index, config, ds, run_dir, jobs, source) -> None:
   began (the worker would import other code than the sweep's), reports progress, then the result
   or the error, by run."""
   try:
-    changed = runs.changed_files(source)
+    changed = provenance.changed_files(source)
     if changed:
       raise RuntimeError(f"the source changed since the sweep began ({', '.join(changed)}); this "
                          "worker would run other code: restart the sweep")
@@ -357,7 +359,7 @@ def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1) -> list:
   and data). Workers are not pinned to cores: XLA's CPU kernels split their work by the number of
   cores the process may use, so a run pinned to one core computes other round-off (its losses part
   from step 4-12 on) than the same run on two; unpinned, every run keeps the machine's thread count
-  and its numbers. A worker must find the source files the sweep started with (``runs.source_files``)
+  and its numbers. A worker must find the source files the sweep started with (``provenance.source_files``)
   or it refuses to train. A run that fails (an exception, or a worker killed) is reported by name at
   once and the others go on; at the end ``RunFailed`` lists them (the next start resumes them).
   Ctrl-C stops every worker; runs that finished are on disk, and the others resume from their last
@@ -396,7 +398,7 @@ def _run_parallel(todo, ds, overall, jobs) -> dict:
   spawn = multiprocessing.get_context("spawn")
   queue = spawn.Queue()
   workers = min(jobs, len(pending))
-  source = runs.started_files()  # what this process began with: every worker must find the same
+  source = provenance.started_files()  # what this process began with: every worker must find the same
   active, failed = {}, []
   names = {i: c.name for i, c, _ in pending}
 
@@ -481,7 +483,7 @@ def prepare_out(path: pathlib.Path) -> pathlib.Path:
   """Creates the results folder; a clear error when that is impossible."""
   check_folder(path, "--out")
   error = None
-  if runs.is_primary():  # several processes share the folder: process 0 writes, the others wait
+  if processes.is_primary():  # several processes share the folder: process 0 writes, the others wait
     try:
       path.mkdir(parents=True, exist_ok=True)
       probe = path / ".write-test"
@@ -489,10 +491,10 @@ def prepare_out(path: pathlib.Path) -> pathlib.Path:
       probe.unlink()
     except OSError as e:
       error = e.strerror or str(e)
-  if runs.agree(error is not None):  # every process learns process 0's failure (none waits for ever)
+  if processes.agree(error is not None):  # every process learns process 0's failure (none waits for ever)
     raise ValueError(f"--out {str(path)!r} cannot be written" + (f": {error}" if error else
                                                                  " (process 0 could not write it)"))
-  runs.barrier(f"results folder {path}")
+  processes.barrier(f"results folder {path}")
   return path
 
 
@@ -513,7 +515,7 @@ def dry_run(plan: Plan, ds, out: pathlib.Path) -> list:
   (from shapes, before anything runs) against the device's memory, and an estimated time from one
   timed chunk where it fits and is quick enough to time here; returns the rows."""
   rows, total = [], 0.0
-  limit, source = runs.device_memory()
+  limit, source = memory_lib.device_memory()
   print(f"device memory: {'unknown' if limit is None else f'{limit / 2**30:.1f} GiB'} ({source})")
   print(f"{'group':<14} {'run':<64} {'state':<8} {'GFLOP/step':>10} {'args GiB':>8} {'temp GiB':>8} "
         f"{'est. s':>8}")
@@ -522,7 +524,7 @@ def dry_run(plan: Plan, ds, out: pathlib.Path) -> list:
     done = (run_dir / "result.json").exists()
     row = {"group": group, "run": run_dir.name, "cached": done}
     if not done:
-      row.update(runs.estimate(c, ds))
+      row.update(memory_lib.estimate(c, ds))
       total += row["estimated_seconds"] or 0.0
     rows.append(row)
     cost = ""
@@ -596,14 +598,14 @@ def study_meta(preset, ds, stages, command: str) -> dict:
       f"smoothing: centred window of {2 * metrics.half_window(window) + 1} steps; a diverged or "
       "unfinished run is credited with nothing; with several seeds: mean [min, max] over seeds and "
       "Student's t 95% interval"]
-  return {"preset": preset.name, "command": command, "code": runs.code_version(), "window": window,
+  return {"preset": preset.name, "command": command, "code": provenance.code_version(), "window": window,
           "setting": setting, "deviations": deviations(preset, ds, stages), "plumbing": preset.plumbing}
 
 
 def main(argv=None) -> pathlib.Path:
   args = parse_args(argv)
-  runs.code_version()  # read now (cached): a commit made while the sweep runs is not this code
-  runs.initialize_distributed()  # several hosts: see the README's "Many devices"
+  provenance.code_version()  # read now (cached): a commit made while the sweep runs is not this code
+  processes.initialize_distributed()  # several hosts: see the README's "Many devices"
   plan = make_plan(args)
   if args.publish:
     check_folder(pathlib.Path(args.publish), "--publish")
@@ -616,7 +618,7 @@ def main(argv=None) -> pathlib.Path:
     dry_run(plan, ds, out)
     return out
   out = prepare_out(out)
-  with exclusive(out) if runs.is_primary() else contextlib.nullcontext():
+  with exclusive(out) if processes.is_primary() else contextlib.nullcontext():
     print(f"sweep '{preset.name}': {len(plan.main) + len(plan.ablations)} runs -> {out.resolve()}")
     print(f"data: {ds.name} ({ds.num_tokens} tokens, vocabulary {ds.vocab_size}, "
           f"sha256 {ds.sha256[:16]}...)")
@@ -634,7 +636,7 @@ def main(argv=None) -> pathlib.Path:
       main_results = every[:len(plan.main)]
       ablation_results = [(a, r) for (a, _), r in zip(plan.ablations, every[len(plan.main):])]
     wall = time.time() - t0
-    if runs.is_primary():
+    if processes.is_primary():
       command = "python -m experiments.sweep " + " ".join(sys.argv[1:] if argv is None else argv)
       meta = study_meta(preset, ds, plan.stages, command.strip())
       records = [curves.record("main", r) for r in main_results]

@@ -6,9 +6,11 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import bench_study, runs
+from experiments import bench_study
 from experiments import data as data_lib
+from experiments import memory as memory_lib
 from experiments import model as model_lib
+from experiments.config import RunConfig
 
 
 def test_account_splits_a_runs_wall_time_and_reads_older_results():
@@ -22,7 +24,7 @@ def test_account_splits_a_runs_wall_time_and_reads_older_results():
 
 
 def test_flops_per_step_is_one_steps_matmul_work():
-  config = runs.RunConfig(method="pipedream", stages=1, model="cpu-tiny", batch_size=4, chunk=10)
+  config = RunConfig(method="pipedream", stages=1, model="cpu-tiny", batch_size=4, chunk=10)
   ds = data_lib.default_corpus(32)
   cfg = config.model_config(ds.vocab_size)
   tokens = config.batch_size * cfg.context
@@ -37,7 +39,7 @@ def test_flops_per_step_is_one_steps_matmul_work():
 
 
 def test_the_floor_program_is_sgd_with_the_models_gradient():
-  config = runs.RunConfig(method="pipedream", stages=1, model="cpu-tiny", batch_size=4, chunk=3)
+  config = RunConfig(method="pipedream", stages=1, model="cpu-tiny", batch_size=4, chunk=3)
   ds = data_lib.default_corpus(32)
   chunk, params, batches = bench_study.floor_program(config, ds)
   graphdef, _ = model_lib.init(config.model_config(ds.vocab_size), seed=config.seed)
@@ -50,5 +52,5 @@ def test_the_floor_program_is_sgd_with_the_models_gradient():
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
   # The same forward and backward work as a training step (the optimizer adds little).
-  floor_flops = runs.xla_flops(chunk.lower(params, batches))
+  floor_flops = memory_lib.xla_flops(chunk.lower(params, batches))
   assert 0.8 * bench_study.flops_per_step(config, ds) <= floor_flops <= bench_study.flops_per_step(config, ds)

@@ -12,20 +12,22 @@ import sys
 import conftest
 
 from experiments import data, runs
+from experiments.config import RunConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
 import json, pathlib, sys
 import jax
-from experiments import data, runs
-assert runs.initialize_distributed()
+from experiments import data, processes, runs
+from experiments.config import RunConfig
+assert processes.initialize_distributed()
 from experiments import sweep
 root = pathlib.Path(sys.argv[1])
 sweep.prepare_out(root / "out")  # process 0 probes the folder, the other waits
-runs.write_json(root / "out" / "tuning.json", {"writer": jax.process_index()})  # process 0 only
-config = runs.RunConfig(method="pipedream", stages=2, steps=10, batch_size=4, model="cpu-tiny", chunk=10,
-                        eval_every=10, eval_batches=1, checkpoint_every=10)
+processes.write_json(root / "out" / "tuning.json", {"writer": jax.process_index()})  # process 0 only
+config = RunConfig(method="pipedream", stages=2, steps=10, batch_size=4, model="cpu-tiny", chunk=10,
+                   eval_every=10, eval_batches=1, checkpoint_every=10)
 result = runs.train(config, data.default_corpus(32), root / "run")
 print(json.dumps({"process": jax.process_index(), "devices": [jax.device_count(), jax.local_device_count()],
                   "losses": result["losses"], "val": result["val_losses"]}))
@@ -61,8 +63,8 @@ def test_two_processes_train_one_run_and_match_one_process(tmp_path):
   result = json.loads((tmp_path / "run" / "result.json").read_text())
   assert result["devices"] == 4 and result["losses"] == got[0]["losses"]
   assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 10
-  config = runs.RunConfig(method="pipedream", stages=2, steps=10, batch_size=4, model="cpu-tiny", chunk=10,
-                          eval_every=10, eval_batches=1, checkpoint_every=10)
+  config = RunConfig(method="pipedream", stages=2, steps=10, batch_size=4, model="cpu-tiny", chunk=10,
+                     eval_every=10, eval_batches=1, checkpoint_every=10)
   alone = runs.train(config, data.default_corpus(32), tmp_path / "alone")  # this process: 1 device
   assert max(abs(a - b) for a, b in zip(alone["losses"], got[0]["losses"])) < 1e-4
 
@@ -70,15 +72,16 @@ def test_two_processes_train_one_run_and_match_one_process(tmp_path):
 RESTORE = r"""
 import json, pathlib, sys, warnings
 import jax, numpy as np
-from experiments import data, runs, sweep
-assert runs.initialize_distributed()
+from experiments import checkpoints, data, processes, runs, sweep
+from experiments.config import RunConfig
+assert processes.initialize_distributed()
 root = pathlib.Path(sys.argv[1])
 try:  # process 0 cannot write here: every process must hear of it (none may wait at a barrier)
   sweep.prepare_out(root / "readonly" / "out")
   refused = False
 except ValueError as e:
   refused = "cannot be written" in str(e)
-config = runs.RunConfig(method="pipedream", stages=2, steps=30, batch_size=4, model="cpu-tiny", chunk=10,
+config = RunConfig(method="pipedream", stages=2, steps=30, batch_size=4, model="cpu-tiny", chunk=10,
                         eval_every=10, eval_batches=1, checkpoint_every=10)
 if sys.argv[2] == "interrupt":
   class Stop(Exception):
@@ -96,10 +99,10 @@ if sys.argv[2] == "interrupt":
   print(json.dumps({"process": jax.process_index(), "refused": refused}))
 else:
   if jax.process_index() == 0:  # a damaged checkpoint that only process 0 sees: step 20
-    verdict = runs._Checkpoints._verdict
+    verdict = checkpoints._Checkpoints._verdict
     def damaged_20(self, step, template):
       return ("damaged", "truncated file") if step == 20 else verdict(self, step, template)
-    runs._Checkpoints._verdict = damaged_20
+    checkpoints._Checkpoints._verdict = damaged_20
   class First:
     first = None
     def reset(self, total): pass

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from experiments import data as data_lib
-from experiments import metrics, presets, protocol, runs, sweep
+from experiments import metrics, presets, protocol, sweep
+from experiments.config import run_name
 
 
 def _curve(slowdown, steps=1200):
@@ -33,7 +34,7 @@ def test_settings_are_the_sweeps_runs():
     plan = sweep.make_plan(sweep.parse_args(["--methods", "rotation", "--stages", "16"] + flags))
     mine = dataclasses.replace(preset.config("rotation", 16, 0), **over)
     theirs = next(c for c in plan.main if c.stages == 16)
-    assert runs.run_name(mine, ds.sha256, 256) == runs.run_name(theirs, ds.sha256, 256)
+    assert run_name(mine, ds.sha256, 256) == run_name(theirs, ds.sha256, 256)
 
 
 def test_rate_choice_is_the_lowest_seed_mean_validation_loss_and_flags_the_edge():

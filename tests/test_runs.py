@@ -12,10 +12,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from experiments import checkpoints, provenance, runs
 from experiments import data as data_lib
-from experiments import runs
+from experiments.config import OutOfMemory, RunConfig, identity, memory_options, run_name
 
-CONFIG = runs.RunConfig(method="pipedream", stages=2, seed=0, lr=3e-3, steps=30, batch_size=4,
+CONFIG = RunConfig(method="pipedream", stages=2, seed=0, lr=3e-3, steps=30, batch_size=4,
                         model="cpu-tiny", chunk=10, eval_every=10, eval_batches=1, checkpoint_every=10)
 
 
@@ -32,21 +33,21 @@ def trained(tmp_path_factory, corpus):
 
 
 def test_identity_names_every_setting_and_the_data(corpus):
-  name = runs.run_name(CONFIG, corpus.sha256, corpus.vocab_size)
+  name = run_name(CONFIG, corpus.sha256, corpus.vocab_size)
   assert name.startswith(CONFIG.name)
-  assert runs.run_name(CONFIG, "other-sha", corpus.vocab_size) != name
-  assert runs.run_name(CONFIG, corpus.sha256, 300) != name
+  assert run_name(CONFIG, "other-sha", corpus.vocab_size) != name
+  assert run_name(CONFIG, corpus.sha256, 300) != name
   for field, value in (("clip_norm", 0.5), ("weight_decay", 0.1), ("warmup_fraction", 0.05),
                        ("moe_loss_weight", 0.0), ("refresh_every", 5), ("pipemare_fraction", 0.5),
                        ("dtype", "bfloat16"), ("context", 64), ("execution", "devices")):
-    assert runs.run_name(dataclasses.replace(CONFIG, **{field: value}), corpus.sha256, 256) != name, field
+    assert run_name(dataclasses.replace(CONFIG, **{field: value}), corpus.sha256, 256) != name, field
   # options at their "not used" value leave the identity (and the folders of older runs) unchanged
-  assert "execution" not in runs.identity(CONFIG, corpus.sha256, 256)["config"]
+  assert "execution" not in identity(CONFIG, corpus.sha256, 256)["config"]
 
 
 def test_a_folder_of_another_run_is_refused(tmp_path, corpus):
-  runs.check_identity(tmp_path, runs.identity(CONFIG, corpus.sha256, 256))
-  other = runs.identity(dataclasses.replace(CONFIG, lr=1e-3), "abc", 256)
+  runs.check_identity(tmp_path, identity(CONFIG, corpus.sha256, 256))
+  other = identity(dataclasses.replace(CONFIG, lr=1e-3), "abc", 256)
   with pytest.raises(ValueError, match="lr, data_sha256 differ"):
     runs.check_identity(tmp_path, other)
 
@@ -76,7 +77,7 @@ def test_damaged_files_fall_back_and_the_run_ends_as_if_uninterrupted(tmp_path, 
 def test_the_state_is_checkpointed_packed_and_per_array_checkpoints_still_restore(tmp_path, corpus,
                                                                                    trained):
   run_dir, result = trained
-  ckpt = runs._Checkpoints(run_dir / "checkpoints")
+  ckpt = checkpoints._Checkpoints(run_dir / "checkpoints")
   step = max(ckpt.manager.all_steps())
   assert set(ckpt.manager.item_metadata(step).tree["packed"]) == {"float32", "int32"}
   _, template, _, _ = runs.build(CONFIG, corpus)
@@ -84,7 +85,7 @@ def test_the_state_is_checkpointed_packed_and_per_array_checkpoints_still_restor
   got_step, state, losses, _ = ckpt.restore(template, *tables, read_only=True)
   assert got_step == step and list(losses) == result["losses"]
   # A checkpoint of earlier code, one Orbax array per leaf, restores to the same state.
-  legacy = runs._Checkpoints(tmp_path / "legacy")
+  legacy = checkpoints._Checkpoints(tmp_path / "legacy")
   legacy.manager.save(step, args=ocp.args.StandardSave({"state": state, "losses": losses, "val": tables[1]}))
   legacy.manager.wait_until_finished()
   _, old, _, _ = legacy.restore(template, *tables, read_only=True)
@@ -113,7 +114,7 @@ def test_update_diagnostics_are_opt_in_and_change_no_number(tmp_path, corpus, tr
   # (diagnose consumes nothing: tests/test_driver.py replays the run from the diagnosed state)
   _, plain = trained
   config = dataclasses.replace(CONFIG, diagnose_every=20, diagnose_steps=2)
-  assert "-diag20" in config.name and runs.run_name(config, "x", 256) != runs.run_name(CONFIG, "x", 256)
+  assert "-diag20" in config.name and run_name(config, "x", 256) != run_name(CONFIG, "x", 256)
   result = runs.train(config, corpus, tmp_path / "diag")
   assert result["losses"] == plain["losses"] and result["val_losses"] == plain["val_losses"]
   assert [d["step"] for d in result["diagnostics"]] == [20]  # not at step 0
@@ -186,10 +187,10 @@ def test_checkpoints_of_other_code_are_not_resumed(tmp_path, corpus, monkeypatch
   run_dir = tmp_path / "run"
   with pytest.raises(_Stop):
     runs.train(CONFIG, corpus, run_dir, progress=_StopAt(20))  # checkpoint 10
-  assert json.loads((run_dir / "checkpoints" / "code.json").read_text()) == runs.code_version()
+  assert json.loads((run_dir / "checkpoints" / "code.json").read_text()) == provenance.code_version()
   # the same commit with an uncommitted edit (or a pip install of other code): other source
-  edited = {**runs.code_version(), "source": "0123456789abcdef"}
-  monkeypatch.setattr(runs, "code_version", lambda: edited)
+  edited = {**provenance.code_version(), "source": "0123456789abcdef"}
+  monkeypatch.setattr(provenance, "code_version", lambda: edited)
   bar = _StopAt(10**9)
   with pytest.warns(UserWarning, match="written by other code.*restarting the run from step 0"):
     result = runs.train(CONFIG, corpus, run_dir, progress=bar)
@@ -199,31 +200,32 @@ def test_checkpoints_of_other_code_are_not_resumed(tmp_path, corpus, monkeypatch
 
 
 def test_the_code_identity_is_a_hash_of_the_source_files():
-  files = runs.source_files()
+  files = provenance.source_files()
   assert "rotation/transform.py" in files and "experiments/runs.py" in files
-  assert runs.code_version()["source"] == runs.source_hash(files)
+  assert provenance.code_version()["source"] == provenance.source_hash(files)
   edited = {**files, "rotation/transform.py": "0" * 64}
-  assert runs.source_hash(edited) != runs.source_hash(files)
-  assert runs.same_code(runs.code_version())
-  assert not runs.same_code({**runs.code_version(), "source": runs.source_hash(edited)})
-  assert not runs.same_code({"version": runs.code_version()["version"], "commit": None})  # pip install
-  assert runs.changed_files(edited) == ["rotation/transform.py"]
+  assert provenance.source_hash(edited) != provenance.source_hash(files)
+  assert provenance.same_code(provenance.code_version())
+  assert not provenance.same_code({**provenance.code_version(), "source": provenance.source_hash(edited)})
+  pip_install = {"version": provenance.code_version()["version"], "commit": None}
+  assert not provenance.same_code(pip_install)
+  assert provenance.changed_files(edited) == ["rotation/transform.py"]
 
 
 def test_a_packed_checkpoint_is_never_restored_into_another_layout(tmp_path):
-  ckpt = runs._Checkpoints(tmp_path / "checkpoints")
+  ckpt = checkpoints._Checkpoints(tmp_path / "checkpoints")
   losses, val = np.zeros(4, np.float32), np.zeros(2, np.float32)
   ckpt.save(10, {"mu": jnp.arange(6.0), "nu": jnp.full(4, 9.0)}, losses, val)
   for template in ({"mu": jnp.zeros(3), "nu": jnp.zeros(3)},  # smaller: was sliced silently
                    {"mu": jnp.zeros(6), "nu": jnp.zeros(6)},  # larger: was set aside as damaged
                    {"a": jnp.zeros(6), "b": jnp.zeros(4)}):  # same sizes, other names
-    with pytest.raises(runs.LayoutError, match="holds a state of layout"):
+    with pytest.raises(checkpoints.LayoutError, match="holds a state of layout"):
       ckpt.restore(template, losses, val, read_only=True)
   with pytest.warns(UserWarning, match="cannot be restored.*holds a state of layout"):
     assert ckpt.restore({"mu": jnp.zeros(3), "nu": jnp.zeros(3)}, losses, val) is None
   assert (tmp_path / "checkpoints.other-code" / "10").is_dir()  # not "damaged": it is readable
-  with pytest.raises(runs.LayoutError, match="holds 6 float32 values, the state needs 8"):
-    runs.unpack({"float32": np.zeros(6, np.float32)}, {"a": jnp.zeros(8)})
+  with pytest.raises(checkpoints.LayoutError, match="holds 6 float32 values, the state needs 8"):
+    checkpoints.unpack({"float32": np.zeros(6, np.float32)}, {"a": jnp.zeros(8)})
 
 
 def test_code_json_is_written_before_the_first_checkpoint_and_stale_saves_are_removed(tmp_path, corpus,
@@ -245,20 +247,20 @@ def test_code_json_is_written_before_the_first_checkpoint_and_stale_saves_are_re
 
 
 def test_device_count_is_part_of_the_identity(corpus):
-  one = runs.run_name(CONFIG, corpus.sha256, 256)
-  assert runs.run_name(CONFIG, corpus.sha256, 256, devices=1) == one  # older runs keep their folders
-  assert runs.run_name(CONFIG, corpus.sha256, 256, devices=4) != one
-  assert runs.identity(CONFIG, corpus.sha256, 256, 4)["devices"] == 4
-  assert runs.code_version()["version"] == "0.1.0"
+  one = run_name(CONFIG, corpus.sha256, 256)
+  assert run_name(CONFIG, corpus.sha256, 256, devices=1) == one  # older runs keep their folders
+  assert run_name(CONFIG, corpus.sha256, 256, devices=4) != one
+  assert identity(CONFIG, corpus.sha256, 256, 4)["devices"] == 4
+  assert provenance.code_version()["version"] == "0.1.0"
 
 
 def test_the_models_own_block_count_is_the_same_run_and_another_is_not():
   own = dataclasses.replace(CONFIG, num_blocks=4)  # cpu-tiny has 4 blocks
-  assert runs.run_name(own, "x", 256) == runs.run_name(CONFIG, "x", 256)
-  assert runs.identity(own, "x", 256) == runs.identity(CONFIG, "x", 256)
+  assert run_name(own, "x", 256) == run_name(CONFIG, "x", 256)
+  assert identity(own, "x", 256) == identity(CONFIG, "x", 256)
   deeper = dataclasses.replace(CONFIG, num_blocks=8)
-  assert runs.run_name(deeper, "x", 256) != runs.run_name(CONFIG, "x", 256)
-  assert "-B8" in runs.run_name(deeper, "x", 256)
+  assert run_name(deeper, "x", 256) != run_name(CONFIG, "x", 256)
+  assert "-B8" in run_name(deeper, "x", 256)
 
 
 def test_width_override_scales_heads_and_the_models_own_width_is_the_same_run():
@@ -266,8 +268,8 @@ def test_width_override_scales_heads_and_the_models_own_width_is_the_same_run():
   cfg = wide.model_config(256)
   assert (cfg.width, cfg.num_heads) == (64, 4)  # cpu-tiny: 2 heads of 16
   assert "-W64" in wide.name and "-W" not in dataclasses.replace(CONFIG, width=32).name
-  assert runs.run_name(dataclasses.replace(CONFIG, width=32), "x", 256) == runs.run_name(CONFIG, "x", 256)
-  assert runs.run_name(wide, "x", 256) != runs.run_name(CONFIG, "x", 256)
+  assert run_name(dataclasses.replace(CONFIG, width=32), "x", 256) == run_name(CONFIG, "x", 256)
+  assert run_name(wide, "x", 256) != run_name(CONFIG, "x", 256)
   with pytest.raises(ValueError, match="width 40 must be a positive multiple of the model's head size 16"):
     dataclasses.replace(CONFIG, width=40).validate()
 
@@ -281,7 +283,7 @@ def test_bad_values_are_refused_by_name(field, value):
 
 def test_orbax_warnings_stay_out_of_the_output(tmp_path, monkeypatch, caplog):
   from absl import logging as absl_logging
-  ckpt = runs._Checkpoints(tmp_path / "checkpoints")
+  ckpt = checkpoints._Checkpoints(tmp_path / "checkpoints")
   wait = ckpt.manager.wait_until_finished
 
   def slow_wait():  # what Orbax says when a save waited for the previous one
@@ -301,12 +303,12 @@ def test_a_run_out_of_device_memory_ends_in_one_line_naming_it(tmp_path, corpus,
     raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 37281745816 bytes.")
 
   monkeypatch.setattr(runs, "_advance", exhausted)
-  with pytest.raises(runs.OutOfMemory) as e:
+  with pytest.raises(OutOfMemory) as e:
     runs.train(CONFIG, corpus, tmp_path / "run")
   message = str(e.value)
   assert len(message.splitlines()) == 1 and "run run ran out of device memory" in message
   assert "34.7 GiB more" in message and "--remat nothing_saveable" in message and "--loss-chunk" in message
   # a run that uses them already is pointed at the others
   config = dataclasses.replace(CONFIG, remat="nothing_saveable", loss_chunk=64)
-  assert runs.memory_options(config).startswith("a smaller --batch-size")
+  assert memory_options(config).startswith("a smaller --batch-size")
   assert isinstance(e.value, ValueError)  # the sweep's cli prints a ValueError as one line (exit 2)

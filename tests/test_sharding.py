@@ -8,11 +8,12 @@ import dataclasses, json, pathlib, tempfile
 import jax
 import pipeline_sim as ps
 from experiments import data, runs
+from experiments.config import RunConfig
 
 ds = data.default_corpus(32)
 out = pathlib.Path(tempfile.mkdtemp())
 got = {"devices": jax.device_count()}
-base = runs.RunConfig(stages=2, steps=20, batch_size=4, model="cpu-tiny", chunk=10, eval_every=10,
+base = RunConfig(stages=2, steps=20, batch_size=4, model="cpu-tiny", chunk=10, eval_every=10,
                       eval_batches=1, checkpoint_every=10)
 # PipeDream on 4 devices (state replicated, and sharded: FSDP) and on 1
 runs_ = {("pipedream", 4): base, ("pipedream", 1): base,
@@ -31,7 +32,7 @@ got["fsdp"] = {"shard": list(kernel.addressable_shards[0].data.shape), "shape": 
 inputs, _ = ps.shard_batches(ds.batches(0, 0, 10, 4, 32), ps.data_mesh())
 got["shards"] = [list(s.data.shape) for s in inputs.addressable_shards]
 try:
-  runs.train(runs.RunConfig(model="cpu-tiny", stages=1, steps=10, chunk=10, eval_every=10,
+  runs.train(RunConfig(model="cpu-tiny", stages=1, steps=10, chunk=10, eval_every=10,
                             checkpoint_every=10, batch_size=6), ds, out / "bad")
   got["error"] = ""
 except ValueError as e:

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import tqdm as tqdm_lib
 
-from experiments import cli, runs, sweep
+from experiments import cli, provenance, runs, sweep
 from experiments import data as data_lib
+from experiments import memory as memory_lib
 from experiments import report as report_lib
+from experiments.config import RunConfig, identity, run_name
 
 
 def test_smoke_sweep_end_to_end(tmp_path):
@@ -33,7 +35,7 @@ def test_smoke_sweep_end_to_end(tmp_path):
     assert len(r["losses"]) == 40 and np.all(np.isfinite(r["losses"]))
     assert r["data"]["sha256"] and r["versions"]["jax"] and r["config"]["lr"] == 3e-3
     # The machine the numbers depend on: the CPU and the cores the worker could use.
-    assert r["versions"]["host"] == {"cpu": runs.host()["cpu"], "cores": len(runs.usable_cores())}
+    assert r["versions"]["host"] == {"cpu": provenance.host()["cpu"], "cores": len(provenance.usable_cores())}
   report = (out / "report.md").read_text()
   assert "| pipedream | 1.00 |" in report and "| rotation |" in report
   assert "this preset is a plumbing check" in report and "**reproduced**" not in report
@@ -56,7 +58,7 @@ def test_smoke_sweep_end_to_end(tmp_path):
                        "report.md", "results.csv", "summary.json"]
   header = (tmp_path / "pub" / "report.md").read_text().splitlines()[2]
   assert header.startswith(f"- made by `python -m experiments.sweep --preset smoke --out {out} --publish")
-  assert f"commit(s) {str(runs.code_version()['commit'])[:12]}" in header
+  assert f"commit(s) {str(provenance.code_version()['commit'])[:12]}" in header
   assert "s of training over 4 distinct runs" in header
 
 
@@ -83,7 +85,7 @@ class _Progress:
 
 
 def test_interrupt_and_resume_equals_uninterrupted(tmp_path):
-  spec = runs.RunConfig(method="rotation", stages=2, seed=0, lr=3e-3, steps=40, batch_size=4,
+  spec = RunConfig(method="rotation", stages=2, seed=0, lr=3e-3, steps=40, batch_size=4,
                         model="cpu-tiny", chunk=10, eval_every=20, eval_batches=2, checkpoint_every=20)
   ds = data_lib.default_corpus(32)
   clean = runs.train(spec, ds, tmp_path / "clean")
@@ -111,7 +113,7 @@ def test_diverged_run_is_recorded(tmp_path, monkeypatch):
     return pipe, state, graphdef, loss_fn
 
   monkeypatch.setattr(runs, "build", nan_after_first_chunk)
-  spec = runs.RunConfig(method="pipedream", stages=1, seed=0, lr=3e-3, steps=40, batch_size=4,
+  spec = RunConfig(method="pipedream", stages=1, seed=0, lr=3e-3, steps=40, batch_size=4,
                         model="cpu-tiny", chunk=10, eval_every=20, eval_batches=1, checkpoint_every=20)
   result = runs.train(spec, data_lib.default_corpus(32), tmp_path / "d")
   assert result["status"] == "diverged" and result["steps_done"] == 20
@@ -229,7 +231,7 @@ def test_dry_run_plans_and_estimates_without_training(tmp_path, capsys):
 def test_a_dry_run_reports_memory_before_running_and_skips_what_cannot_fit(tmp_path, capsys, monkeypatch):
   ran = []
   monkeypatch.setattr(runs, "build", lambda *a, **k: ran.append(a) or (_ for _ in ()).throw(AssertionError))
-  monkeypatch.setattr(runs, "device_memory", lambda: (1024, "a 1 KiB test device"))
+  monkeypatch.setattr(memory_lib, "device_memory", lambda: (1024, "a 1 KiB test device"))
   rows = sweep.dry_run(sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--methods", "pipedream",
                                                           "--stages", "1"])),
                        data_lib.load(None, context=32), tmp_path)
@@ -302,10 +304,10 @@ def test_progress_shows_the_whole_name_and_a_resumption(tmp_path, monkeypatch):
     def set_postfix(self, *args, **kwargs):
       self.postfixes.append(dict(args[0]) if args else kwargs)
 
-  spec = runs.RunConfig(method="pipedream", stages=2, steps=30, batch_size=4, model="cpu-tiny", chunk=10,
+  spec = RunConfig(method="pipedream", stages=2, steps=30, batch_size=4, model="cpu-tiny", chunk=10,
                         eval_every=10, eval_batches=1, checkpoint_every=10)
   ds = data_lib.default_corpus(32)
-  run_dir = tmp_path / "out" / "runs" / runs.run_name(spec, ds.sha256, ds.vocab_size, 1)
+  run_dir = tmp_path / "out" / "runs" / run_name(spec, ds.sha256, ds.vocab_size, 1)
   with pytest.raises(_Interrupt):
     runs.train(spec, ds, run_dir, progress=Recorder(stop_at=20))
   bar = Recorder(stop_at=10**9)
@@ -377,7 +379,7 @@ def test_warmup_in_delays_and_b2_reach_every_run():
 
 def test_jobs_default_to_one_per_usable_core_on_a_cpu_host():
   plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
-  assert plan.jobs == len(runs.usable_cores()) and plan.main[0].seed == 0
+  assert plan.jobs == len(provenance.usable_cores()) and plan.main[0].seed == 0
   assert sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--jobs", "1"])).jobs == 1
   seeds = {c.seed for c in sweep.make_plan(sweep.parse_args(["--preset", "cpu", "--dry-run"])).main}
   assert seeds == set(sweep.presets_lib.PRESETS["cpu"].seeds)
@@ -431,7 +433,7 @@ def test_a_dead_worker_ends_only_its_own_run_and_failures_are_named(tmp_path):
 def test_a_worker_refuses_to_train_code_other_than_the_sweeps(tmp_path):
   plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
   ds = data_lib.load(None, context=plan.main[0].model_config(256).context)
-  started = {**runs.source_files(), "experiments/runs.py": "0" * 64}  # edited since the sweep began
+  started = {**provenance.source_files(), "experiments/runs.py": "0" * 64}  # edited since the sweep began
   q = queue_lib.Queue()
   sweep._worker(q, 7, plan.main[0], ds, tmp_path / "run", 1, started)
   kind, index, message = q.get_nowait()
@@ -444,10 +446,10 @@ def test_a_2bw_sweep_shares_its_p1_runs_with_1f1b_and_refuses_other_modes():
   plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--schedule", "2bw"]))
   ds = data_lib.load(None, context=plan.main[0].model_config(256).context)
   base = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
-  names = lambda p: {c.stages: runs.run_name(c, ds.sha256, ds.vocab_size)
+  names = lambda p: {c.stages: run_name(c, ds.sha256, ds.vocab_size)
                      for c in p.main if c.method == "pipedream"}
   two, one = names(plan), names(base)
   assert two[1] == one[1] and two[4] != one[4] and "-2bw_" in two[4]
-  assert runs.identity(base.main[0], "x", 256)["config"].get("schedule") is None  # old runs keep their names
+  assert identity(base.main[0], "x", 256)["config"].get("schedule") is None  # old runs keep their names
   assert cli.run(sweep.main, ["--preset", "smoke", "--schedule", "2bw", "--mode", "no_stashing",
                               "--dry-run"]) == 2
