@@ -238,6 +238,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
       if is_primary():
         with open(diag_log, "a") as f:
           f.write(json.dumps({"step": step, "cosine": found["cosine"].mean(axis=0).tolist(),
+                              "gradient_cosine": found["gradient_cosine"].mean(axis=0).tolist(),
                               "flip_rate": found["flip_rate"].tolist()}) + "\n")
     batches = ds.batches(config.seed, step, config.chunk, config.batch_size, context)
     if not on_devices:

@@ -220,9 +220,9 @@ def size_section(ctx: Context, name: str, results, size_of, label: str) -> list:
 
 def diagnostics_section(ctx: Context, results) -> list:
   """Update diagnostics of the runs that logged them (``RunConfig.diagnose_every``): per method and
-  P, per stage (delay tau_k), the mean over the logged windows and seeds of the cosine between the
-  stale and the fresh update and of the sign-flip rate along the top eigenvectors; a figure of both
-  against tau_k (``diagnostics.png``)."""
+  P, per stage (delay tau_k), the mean over the logged windows and seeds of the cosines between the
+  stale and the fresh update (whole, and the gradient's own part) and of the sign-flip rate along
+  the top eigenvectors; a figure of the three against tau_k (``diagnostics.png``)."""
   logged = [r for r in results if r.get("diagnostics")]
   if not logged:
     return []
@@ -232,21 +232,27 @@ def diagnostics_section(ctx: Context, results) -> list:
     by[(c["method"], c["stages"], c["mode"])] += r["diagnostics"]
   lines = ["## Update diagnostics", "",
            "Per stage (its delay tau_k): cosine between the update it applies (stale gradient) and the "
-           "one it would apply with a fresh gradient from the same state; sign-flip rate of consecutive "
-           "updates along the top eigenvectors of the window's gradient statistics (oscillation). Means "
-           "over the logged windows and seeds.", "",
-           "| method | P | mode | cosine by tau_k (stage 0 first) | flip rate by tau_k |",
-           "|---|---|---|---|---|"]
-  figure = {"cosine": {}, "flip rate": {}}
+           "one it would apply with a fresh gradient from the same state, whole (momentum included, "
+           "so near 1 with a high b1 whatever the delay) and the gradient's own part u(g) - u(0) "
+           "(the preconditioned gradient without the shared momentum); sign-flip rate of consecutive "
+           "updates along the top eigenvectors of the window's gradient statistics (oscillation). "
+           "Means over the logged windows and seeds; n/a: logged before the gradient cosine existed.", "",
+           "| method | P | mode | whole-update cosine by tau_k (stage 0 first) | gradient cosine | "
+           "flip rate |", "|---|---|---|---|---|---|"]
+  figure = {"cosine": {}, "gradient cosine": {}, "flip rate": {}}
   for (m, p, mode), entries in sorted(by.items()):
     cos = np.nanmean([e["cosine"] for e in entries], axis=0)
+    gcos = (np.nanmean([e["gradient_cosine"] for e in entries], axis=0)
+            if all("gradient_cosine" in e for e in entries) else None)
     flips = np.nanmean([e["flip_rate"] for e in entries], axis=0)
     taus = [p - 1 - k for k in range(p)]
-    lines.append(f"| {m} | {p} | {mode} | " + ", ".join(f"{t}: {x:.3f}" for t, x in zip(taus, cos))
-                 + " | " + ", ".join(f"{t}: {x:.2f}" for t, x in zip(taus, flips)) + " |")
-    for name, values in (("cosine", cos), ("flip rate", flips)):
-      figure[name][f"{m} P={p} {mode}"] = sorted(
-          (t, float(x) if np.isfinite(x) else None) for t, x in zip(taus, values) if t > 0)
+    row = lambda values, spec: ", ".join(f"{t}: {x:{spec}}" for t, x in zip(taus, values))
+    lines.append(f"| {m} | {p} | {mode} | {row(cos, '.3f')} | "
+                 f"{'n/a' if gcos is None else row(gcos, '.3f')} | {row(flips, '.2f')} |")
+    for name, values in (("cosine", cos), ("gradient cosine", gcos), ("flip rate", flips)):
+      if values is not None:
+        figure[name][f"{m} P={p} {mode}"] = sorted(
+            (t, float(x) if np.isfinite(x) else None) for t, x in zip(taus, values) if t > 0)
   plots.panels(figure, ctx.out / "diagnostics.png", "update diagnostics per stage against its delay",
                "tau_k (log scale)")
   ctx.figures.append("diagnostics.png")

@@ -172,7 +172,13 @@ class Pipeline:
       ``cosine`` (steps, P): per stage, the cosine between the update it applies (from the stale
         gradient) and the update it would apply with a fresh gradient at the current weights, from
         the same optimizer state (1 at P = 1; below 1 for every stage of a deeper pipeline, the last
-        one too, whose input comes from the earlier stages' stale weights);
+        one too, whose input comes from the earlier stages' stale weights). Both updates carry the
+        momentum already in the state, so with a high b1 this is near 1 whatever the delay;
+      ``gradient_cosine`` (steps, P): the same for the gradient's own part of each update,
+        ``u(g) - u(0)`` (the update for the gradient minus the update for a zero gradient, from the
+        same state): the preconditioned gradient without the momentum it shares with the other
+        (exact for momentum SGD and any optimizer whose update is affine in the gradient; for Adam
+        the second moment's own change with g enters too);
       ``flip_rate`` (P,): per stage, the fraction of consecutive steps whose applied update changes
         sign along the top eigenvectors of its matrices' gradient statistics ``L = sum_t G G^T``,
         ``R = sum_t G^T G`` over the window (``u1^T dW v1``; the mean over the stage's 2-D leaves;
@@ -192,13 +198,17 @@ class Pipeline:
     def one(st, batch):
       _, stale = self._stale_gradients(st, batch)
       fresh = self._split(jax.grad(self.loss_fn)(st.params, batch))
-      cos = jnp.stack([cosine(a, b) for a, b in zip(self._updates(stale, st), self._updates(fresh, st))])
+      u_stale, u_fresh = self._updates(stale, st), self._updates(fresh, st)
+      u_zero = self._updates([jax.tree.map(jnp.zeros_like, g) for g in fresh], st)
+      own = lambda u: jax.tree.map(jnp.subtract, u, u_zero)
+      cos = jnp.stack([cosine(a, b) for a, b in zip(u_stale, u_fresh)])
+      gcos = jnp.stack([cosine(a, b) for a, b in zip(own(u_stale), own(u_fresh))])
       new, _ = self.step(st, batch)
       delta = jax.tree.map(jnp.subtract, new.params, st.params)
-      return new, (cos, [x for x in jax.tree.leaves(delta) if x.ndim == 2],
+      return new, (cos, gcos, [x for x in jax.tree.leaves(delta) if x.ndim == 2],
                    [x for x in jax.tree.leaves(merge_stages(fresh, self.labels)) if x.ndim == 2])
 
-    _, (cos, deltas, grads) = jax.lax.scan(one, state, batches)
+    _, (cos, gcos, deltas, grads) = jax.lax.scan(one, state, batches)
     stage_of = [k for k, x in zip(jax.tree.leaves(self.labels), jax.tree.leaves(state.params)) if x.ndim == 2]
     flips = []
     for d, g in zip(deltas, grads):  # (steps, m, n) each
@@ -208,7 +218,7 @@ class Pipeline:
       flips.append(jnp.mean(jnp.sign(c[1:]) != jnp.sign(c[:-1])))
     rate = jnp.stack([jnp.mean(jnp.stack([f for f, k in zip(flips, stage_of) if k == s]))
                       if s in stage_of else jnp.nan for s in range(self.num_stages)])
-    return {"cosine": cos, "flip_rate": rate}
+    return {"cosine": cos, "gradient_cosine": gcos, "flip_rate": rate}
 
   def step(self, state: PipelineState, batch):
     """One micro-batch: returns the new state and the loss the pipeline observed (with

@@ -448,6 +448,7 @@ def test_update_diagnostics_against_a_replay_of_the_weight_history():
     deltas.append([history[i + 1]["w"][k] - history[i]["w"][k] for k in range(num_stages)])
     fresh.append([np.asarray(g_fresh["w"][k], np.float64) for k in range(num_stages)])
   np.testing.assert_allclose(got["cosine"], np.array(cos), atol=1e-5)
+  np.testing.assert_allclose(got["gradient_cosine"], got["cosine"], atol=1e-5)  # SGD: no momentum
   assert np.min(got["cosine"]) < 0.99  # staleness turns the updates (the last stage's too: its
   # input comes from the earlier stages' stashed weights)
   for k in range(num_stages):
@@ -462,3 +463,40 @@ def test_update_diagnostics_against_a_replay_of_the_weight_history():
   np.testing.assert_allclose(one["cosine"], 1.0, atol=1e-6)  # no delay: stale = fresh
   with pytest.raises(ValueError, match="diagnose supports modes"):
     ps.Pipeline(loss_fn, optax.sgd(0.1), labels, "stale_gradients").diagnose(state, (xs[:2], ys[:2]))
+
+
+def test_the_gradient_cosine_leaves_the_shared_momentum_out():
+  """Momentum SGD: the whole updates share ``0.9 m``, so their cosine is near 1 whatever the
+  delay; the gradient's own part ``u(g) - u(0) = -lr g`` has the cosine of the stale and fresh
+  gradients themselves, recomputed here from the recorded weights."""
+  rng = np.random.default_rng(4)
+  num_stages, width, warm, window = 3, 4, 6, 4
+  params = {"w": [jnp.asarray(rng.normal(size=(width, width)) * 0.8, jnp.float32) for _ in range(num_stages)]}
+
+  def loss_fn(p, batch):
+    h = batch[0]
+    for w in p["w"]:
+      h = jnp.tanh(h @ w)
+    return jnp.mean((h - batch[1]) ** 2)
+
+  n = warm + window
+  xs = jnp.asarray(rng.normal(size=(n, 8, width)), jnp.float32)
+  ys = jnp.asarray(rng.normal(size=(n, 8, width)), jnp.float32)
+  pipe = ps.Pipeline(loss_fn, optax.sgd(0.3, momentum=0.9), {"w": list(range(num_stages))})
+  state = pipe.init(params)
+  history = [jax.tree.map(np.asarray, params)]
+  for i in range(n):
+    if i == warm:
+      got = pipe.diagnose(state, (xs[warm:], ys[warm:]))
+    state, _ = pipe.run(state, (xs[i:i + 1], ys[i:i + 1]))
+    history.append(jax.tree.map(np.asarray, state.params))
+  tau, grad = ps.stage_delays(num_stages), jax.grad(loss_fn)
+  want = []
+  for i in range(warm, n):
+    stale = {"w": [history[max(0, i - tau[k])]["w"][k] for k in range(num_stages)]}
+    a, b = grad(stale, (xs[i], ys[i])), grad(history[i], (xs[i], ys[i]))
+    want.append([float(np.vdot(a["w"][k], b["w"][k]) / np.linalg.norm(a["w"][k]) / np.linalg.norm(b["w"][k]))
+                 for k in range(num_stages)])
+  np.testing.assert_allclose(got["gradient_cosine"], np.array(want), atol=1e-4)
+  # the stale stages' whole updates share the momentum: their cosine is closer to 1
+  assert np.mean(got["cosine"][:, :-1]) > np.mean(got["gradient_cosine"][:, :-1])

@@ -94,15 +94,20 @@ def test_diagnostics_section_averages_windows_per_stage_and_draws_them(tmp_path)
                             for i, (c, f) in enumerate(zip(cosines, flips))]}
   results = [result("pipedream", [[0.5, 0.7, 1.0], [0.7, 0.9, 1.0]], [[0.4, 0.2, 0.0], [0.2, 0.2, 0.0]]),
              result("rotation", [[0.8, 0.9, 1.0]], [[0.1, 0.1, 0.0]]),
+             result("nesterov-stage", [[0.9, 0.9, 1.0]], [[0.0, 0.0, 0.0]]),
              {"config": {"method": "nesterov", "stages": 3, "mode": "weight_stashing", "seed": 0}}]
   ctx = sections.Context(tmp_path, 30, [], [])
   lines = sections.diagnostics_section(ctx, results)
+  results[2]["diagnostics"][0]["gradient_cosine"] = [0.2, 0.5, 1.0]  # logged by current code
   rows = [line for line in lines if line.startswith("| pipedream") or line.startswith("| rotation")]
   assert rows == [
-      "| pipedream | 3 | weight_stashing | 2: 0.600, 1: 0.800, 0: 1.000 | 2: 0.30, 1: 0.20, 0: 0.00 |",
-      "| rotation | 3 | weight_stashing | 2: 0.800, 1: 0.900, 0: 1.000 | 2: 0.10, 1: 0.10, 0: 0.00 |"]
+      "| pipedream | 3 | weight_stashing | 2: 0.600, 1: 0.800, 0: 1.000 | n/a | 2: 0.30, 1: 0.20, 0: 0.00 |",
+      "| rotation | 3 | weight_stashing | 2: 0.800, 1: 0.900, 0: 1.000 | n/a | 2: 0.10, 1: 0.10, 0: 0.00 |"]
+  lines = sections.diagnostics_section(sections.Context(tmp_path, 30, [], []), results[2:3])
+  want = "| nesterov-stage | 3 | weight_stashing | 2: 0.900, 1: 0.900, 0: 1.000 | 2: 0.200, 1: 0.500, 0: 1.000 |"
+  assert want in "\n".join(lines)
   assert ctx.figures == ["diagnostics.png"] and (tmp_path / "diagnostics.png").stat().st_size > 0
-  assert sections.diagnostics_section(ctx, results[2:]) == []
+  assert sections.diagnostics_section(ctx, results[3:]) == []
 
 
 def test_wall_clock_comes_only_from_runs_timed_alone(tmp_path):
