@@ -104,7 +104,8 @@ def test_diagnostics_section_averages_windows_per_stage_and_draws_them(tmp_path)
       "| pipedream | 3 | weight_stashing | 2: 0.600, 1: 0.800, 0: 1.000 | n/a | 2: 0.30, 1: 0.20, 0: 0.00 |",
       "| rotation | 3 | weight_stashing | 2: 0.800, 1: 0.900, 0: 1.000 | n/a | 2: 0.10, 1: 0.10, 0: 0.00 |"]
   lines = sections.diagnostics_section(sections.Context(tmp_path, 30, [], []), results[2:3])
-  want = "| nesterov-stage | 3 | weight_stashing | 2: 0.900, 1: 0.900, 0: 1.000 | 2: 0.200, 1: 0.500, 0: 1.000 |"
+  want = ("| nesterov-stage | 3 | weight_stashing | 2: 0.900, 1: 0.900, 0: 1.000 | "
+          "2: 0.200, 1: 0.500, 0: 1.000 |")
   assert want in "\n".join(lines)
   assert ctx.figures == ["diagnostics.png"] and (tmp_path / "diagnostics.png").stat().st_size > 0
   assert sections.diagnostics_section(ctx, results[3:]) == []
