@@ -20,8 +20,11 @@ hand and everything else is fixed:
   rotation with its estimated bases (the library's transformation, refresh period 10), and Adam in
   the exact eigenbasis ``(Q_A, Q_B)`` (an oracle: ``rotation.scale_by_basis_rotation(bases=...)``);
 - the measure: updates until ``f(W) <= target * f(W_0)`` with ``W_0 = 0``, per seed, for each
-  learning rate of a grid; per cell the rate with the smallest median over the seeds (the cell is
-  flagged when that rate is an edge of the grid).
+  learning rate of a grid; per cell the rate with the smallest median over the seeds. A cell whose
+  best rate is an edge of the grid gets the grid extended by x2 steps past that edge until its best
+  rate is interior (at most ``max_extensions`` times; a cell still at an edge is flagged). A cell
+  that never reaches the target within ``steps`` updates is *censored*: shown as a lower bound
+  (``> steps``), and a slope through it, taken with the cap as its value, is a bound (marked).
 
 Reported: the steps per (theta, tau) and optimizer, the slope of ``log(steps)`` against ``tau`` for
 each theta, and the normalised (1,1)-norm ``||H||_11 / (N ||H||_F)`` of ``A (x) B`` in the
@@ -62,7 +65,8 @@ class Study:
   taus: tuple = (0, 1, 3, 7, 15)
   seeds: tuple = (0, 1, 2)
   lrs: tuple = tuple(float(x) for x in np.geomspace(2e-3, 0.128, 7))  # x2 grid
-  steps: int = 1200
+  steps: int = 2400
+  max_extensions: int = 4
   target: float = 1e-2  # of the initial loss
   sigma: float = 0.05  # gradient-noise scale (relative to the Hessian's square root)
   refresh_every: int = 10
@@ -149,12 +153,38 @@ def cell(study: Study, steps: np.ndarray) -> dict:
           "interior": bool(0 < best < len(study.lrs) - 1 and np.isfinite(med[best]))}
 
 
-def slope(taus, medians) -> float | None:
-  """Least-squares slope of ``log(steps)`` against ``tau`` (``None`` if a cell never reached it)."""
+def best_cell(study: Study, name: str, theta: float, tau: int) -> dict:
+  """``cell`` of (theta, tau, optimizer) on the study's grid, extended by x2 steps past an edge that
+  wins until the best rate is interior (``study.max_extensions`` at most); ``grid``: the rates
+  tried."""
+  lrs = list(study.lrs)
+  steps = steps_to_target(trajectories(study, name, theta, tau), study.target)
+  for _ in range(study.max_extensions):
+    c = cell(dataclasses.replace(study, lrs=tuple(lrs)), steps)
+    if c["interior"] or not np.isfinite(c["median"]):
+      break
+    low = lrs.index(c["lr"]) == 0
+    new = lrs[0] / 2 if low else lrs[-1] * 2
+    extra = steps_to_target(trajectories(dataclasses.replace(study, lrs=(new,)), name, theta, tau),
+                            study.target)
+    lrs = [new] + lrs if low else lrs + [new]
+    steps = np.concatenate([extra, steps] if low else [steps, extra])
+  return {**cell(dataclasses.replace(study, lrs=tuple(lrs)), steps), "grid": lrs}
+
+
+def slope(taus, medians, caps=None) -> tuple[float | None, bool]:
+  """``(slope, censored)``: the least-squares slope of ``log(steps)`` against ``tau``; a censored
+  median (never reached: ``inf``) counts as its cap (``caps``, per tau), which makes the slope a
+  bound (``censored`` true); ``None`` if a censored cell has no cap."""
   y = np.asarray(medians, np.float64)
-  if not np.all(np.isfinite(y)) or np.any(y <= 0):
-    return None
-  return float(np.polyfit(np.asarray(taus, np.float64), np.log(y), 1)[0])
+  censored = ~np.isfinite(y)
+  if censored.any():
+    if caps is None:
+      return None, True
+    y = np.where(censored, np.asarray(caps, np.float64), y)
+  if np.any(y <= 0):
+    return None, bool(censored.any())
+  return float(np.polyfit(np.asarray(taus, np.float64), np.log(y), 1)[0]), bool(censored.any())
 
 
 def misalignment_of(study: Study, theta: float) -> float:
@@ -182,13 +212,13 @@ def run(study: Study, out: pathlib.Path, argv=None) -> dict:
   for name in OPTIMIZERS:
     for theta in study.thetas:
       for tau in study.taus:
-        steps = steps_to_target(trajectories(study, name, theta, tau), study.target)
-        got["cells"][f"{name}/{theta:g}/{tau}"] = cell(study, steps)
+        got["cells"][f"{name}/{theta:g}/{tau}"] = best_cell(study, name, theta, tau)
       print(f"{name} theta={theta:g}: " + ", ".join(
           f"tau={tau}: {got['cells'][f'{name}/{theta:g}/{tau}']['median']:.0f}" for tau in study.taus),
             flush=True)
+  caps = [study.steps - tau for tau in study.taus]  # the most updates a cell observes
   got["slopes"] = {f"{name}/{theta:g}": slope(study.taus, [got["cells"][f"{name}/{theta:g}/{tau}"]["median"]
-                                                           for tau in study.taus])
+                                                           for tau in study.taus], caps)
                    for name in OPTIMIZERS for theta in study.thetas}
   got["seconds"] = time.time() - t0
   out.mkdir(parents=True, exist_ok=True)
@@ -200,8 +230,11 @@ def run(study: Study, out: pathlib.Path, argv=None) -> dict:
             f"{got['seconds']:.0f} s on this machine",
             f"- {study.dim} x {study.dim} matrix, Hessian A (x) B with condition number {study.condition:g}, "
             f"gradient noise {study.sigma:g} A^(1/2) Z B^(1/2); updates until f(W) <= {study.target:g} x "
-            f"f(W_0); learning rates {', '.join(f'{x:g}' for x in study.lrs)}, per cell the one with the "
-            f"fewest median updates over seeds {list(study.seeds)} (* = at an edge of the grid); "
+            f"f(W_0) within {study.steps} steps; learning rates {', '.join(f'{x:g}' for x in study.lrs)}, "
+            f"extended by x2 past an edge that wins (up to {study.max_extensions} times), per cell the "
+            f"one with the fewest median updates over seeds {list(study.seeds)} (* = still at an edge); "
+            "> N: never within the cap (censored, a lower bound); a slope through a censored cell "
+            "takes the cap as its value and is a bound (marked); "
             f"identity check (Adam vs Adam in the identity basis): max |diff| {got['identity_check']:.1e}",
             ""]
   (out / "report.md").write_text("\n".join(header + table(study, got) + ["", "![](misalignment.png)", ""]))
@@ -210,16 +243,23 @@ def run(study: Study, out: pathlib.Path, argv=None) -> dict:
 
 
 def table(study: Study, got: dict) -> list:
-  fmt = lambda c: ((f"{c['median']:.0f}" if np.isfinite(c["median"]) else "never")
-                   + ("" if c["interior"] else "*"))
+  def fmt(c, tau):
+    text = f"{c['median']:.0f}" if np.isfinite(c["median"]) else f"> {study.steps - tau}"
+    return text + ("" if c["interior"] or not np.isfinite(c["median"]) else "*")
+
+  def fmt_slope(s):
+    value, censored = s
+    if value is None:
+      return "n/a"
+    return f"{value:.4f}" + (" (bound: a censored cell)" if censored else "")
+
   lines = ["| optimizer | theta | normalised (1,1)-norm | " + " | ".join(f"tau={t}" for t in study.taus)
            + " | slope of log(steps) vs tau |", "|---|---|---|" + "---|" * len(study.taus) + "---|"]
   for name in OPTIMIZERS:
     for theta in study.thetas:
-      s = got["slopes"][f"{name}/{theta:g}"]
       lines.append(f"| {name} | {theta:g} | {got['misalignment'][str(theta)]:.3f} | " + " | ".join(
-          fmt(got["cells"][f"{name}/{theta:g}/{tau}"]) for tau in study.taus)
-          + f" | {'n/a (a cell never reached the target)' if s is None else f'{s:.4f}'} |")
+          fmt(got["cells"][f"{name}/{theta:g}/{tau}"], tau) for tau in study.taus)
+          + f" | {fmt_slope(got['slopes'][f'{name}/{theta:g}'])} |")
   return lines
 
 

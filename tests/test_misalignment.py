@@ -31,8 +31,24 @@ def test_steps_cell_and_slope():
   assert steps.tolist() == [[2.0], [np.inf]]
   c = mis.cell(mis.Study(lrs=(0.1, 0.2)), steps)
   assert c["lr"] == 0.1 and c["median"] == 2.0 and not c["interior"]
-  assert abs(mis.slope([0, 1, 2], [10, 20, 40]) - np.log(2)) < 1e-12
-  assert mis.slope([0, 1], [10, np.inf]) is None
+  value, censored = mis.slope([0, 1, 2], [10, 20, 40])
+  assert abs(value - np.log(2)) < 1e-12 and not censored
+  assert mis.slope([0, 1], [10, np.inf]) == (None, True)
+  value, censored = mis.slope([0, 1], [10, np.inf], caps=[40, 40])  # at least 40 at tau = 1
+  assert abs(value - np.log(4)) < 1e-12 and censored
+
+
+def test_a_winning_edge_rate_extends_the_grid_until_interior(monkeypatch):
+  """A fake problem whose best rate is 0.4: from the grid (0.05, 0.1) the cell extends upward to
+  0.1 x 2^3 = 0.8, where 0.4 is interior."""
+  def fake(study, name, theta, tau):
+    lrs = np.asarray(study.lrs)[:, None, None]
+    rate = 1 - np.abs(np.log2(lrs / 0.4)) / 8  # fastest at 0.4
+    return np.broadcast_to(np.exp(-np.arange(50) * rate), (len(study.lrs), 1, 50))
+  monkeypatch.setattr(mis, "trajectories", fake)
+  got = mis.best_cell(mis.Study(lrs=(0.05, 0.1), seeds=(0,), target=0.01), "adam", 0.0, 0)
+  assert got["lr"] == pytest.approx(0.4) and got["interior"]
+  assert got["grid"] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8])
 
 
 def test_a_tiny_study_writes_its_table_and_figure(tmp_path):
@@ -42,6 +58,7 @@ def test_a_tiny_study_writes_its_table_and_figure(tmp_path):
   assert got["identity_check"] == 0.0  # Adam and Adam in the identity basis: one trajectory
   assert "| adam | 0 |" in (tmp_path / "report.md").read_text()
   assert set(got["slopes"]) == {f"{n}/0" for n in mis.OPTIMIZERS}
+  assert all(len(c["grid"]) >= 2 for c in got["cells"].values())
 
 
 def test_a_file_as_output_folder_is_refused_before_the_study(tmp_path):
