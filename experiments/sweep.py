@@ -42,7 +42,8 @@ def parse_args(argv=None):
       prog="python -m experiments.sweep", description=__doc__,
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--preset", default="cpu", help=f"one of {sorted(presets_lib.PRESETS)} (default cpu: "
-                      "24 runs, 11 minutes on a 2-core CPU); gpu-95m is the paper's 95M model")
+                      "20 runs, seeds 0 and 1, about half an hour on a 2-core CPU); gpu-95m is the "
+                      "paper's 95M model")
   parser.add_argument("--methods", nargs="+", help=f"methods to run at every P (default: the preset's); "
                       f"known: {sorted(methods_lib.METHODS)}")
   parser.add_argument("--stages", nargs="+", type=int, help="pipeline depths P (default: the preset's); "
