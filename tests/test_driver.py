@@ -32,6 +32,38 @@ def batches(n, seed=1):
   return (jnp.asarray(rng.uniform(0.5, 1.5, n), jnp.float32), jnp.asarray(rng.normal(size=n), jnp.float32))
 
 
+def one_f_one_b_orders(num_stages, n):
+  """Each stage's op order in 1F1B: ``P - k`` warm-up forwards, then one backward and one forward
+  in turn, then the remaining backwards."""
+  orders = []
+  for k in range(num_stages):
+    warm = min(num_stages - k, n)
+    ops, nxt = [("F", i) for i in range(warm)], warm
+    for i in range(n):
+      ops.append(("B", i))
+      if nxt < n:
+        ops.append(("F", nxt))
+        nxt += 1
+    orders.append(ops)
+  return orders
+
+
+def ready_ops(orders, pos, done):
+  """The ops that run in this tick: each stage's next op whose dependencies finished earlier (a
+  forward needs the previous stage's forward of the micro-batch, a backward the next stage's)."""
+  num_stages, ready = len(orders), []
+  for k in range(num_stages):
+    if pos[k] == len(orders[k]):
+      continue
+    kind, i = orders[k][pos[k]]
+    if kind == "F" and (k == 0 or ("F", k - 1, i) in done):
+      ready.append((k, kind, i))
+    if kind == "B" and ("F", k, i) in done and (k == num_stages - 1 or ("B", k + 1, i) in done):
+      ready.append((k, kind, i))
+  assert ready, "schedule deadlocked"
+  return ready
+
+
 def event_simulation_1f1b(w0, xs, ys, lr):
   """Event-by-event PipeDream 1F1B with weight stashing.
 
@@ -46,17 +78,7 @@ def event_simulation_1f1b(w0, xs, ys, lr):
      history[k]: stage k's weights after each of its updates).
   """
   num_stages, n = len(w0), len(xs)
-  orders = []
-  for k in range(num_stages):
-    warm = min(num_stages - k, n)
-    ops = [("F", i) for i in range(warm)]
-    nxt = warm
-    for i in range(n):
-      ops.append(("B", i))
-      if nxt < n:
-        ops.append(("F", nxt))
-        nxt += 1
-    orders.append(ops)
+  orders = one_f_one_b_orders(num_stages, n)
   weights = [[float(w)] for w in w0]
   versions = [[None] * n for _ in range(num_stages)]
   acts = [[None] * n for _ in range(num_stages + 1)]  # acts[k][i]: stage k's input
@@ -64,17 +86,7 @@ def event_simulation_1f1b(w0, xs, ys, lr):
   stash = [[None] * n for _ in range(num_stages)]
   done, pos = set(), [0] * num_stages
   while any(p < len(o) for p, o in zip(pos, orders)):
-    ready = []
-    for k in range(num_stages):
-      if pos[k] == len(orders[k]):
-        continue
-      kind, i = orders[k][pos[k]]
-      if kind == "F" and (k == 0 or ("F", k - 1, i) in done):
-        ready.append((k, kind, i))
-      if kind == "B" and ("F", k, i) in done and (k == num_stages - 1 or ("B", k + 1, i) in done):
-        ready.append((k, kind, i))
-    assert ready, "schedule deadlocked"
-    for k, kind, i in ready:
+    for k, kind, i in ready_ops(orders, pos, done):
       if kind == "F":
         x = xs[i] if k == 0 else acts[k][i]
         acts[k][i] = x
@@ -123,33 +135,14 @@ def event_simulation_2bw(w0, xs, ys, lr):
   num_stages, (num_batches, m) = len(w0), xs.shape
   n = num_batches * m
   xs, ys = xs.reshape(-1), ys.reshape(-1)
-  orders = []
-  for k in range(num_stages):  # the 1F1B order of each stage, as above
-    warm = min(num_stages - k, n)
-    ops, nxt = [("F", i) for i in range(warm)], warm
-    for i in range(n):
-      ops.append(("B", i))
-      if nxt < n:
-        ops.append(("F", nxt))
-        nxt += 1
-    orders.append(ops)
+  orders = one_f_one_b_orders(num_stages, n)
   weights = [[float(w)] for w in w0]
   acc = [[0.0] * num_batches for _ in range(num_stages)]
   acts = [[None] * n for _ in range(num_stages + 1)]
   cots = [[None] * n for _ in range(num_stages + 1)]
   done, pos = set(), [0] * num_stages
   while any(p < len(o) for p, o in zip(pos, orders)):
-    ready = []
-    for k in range(num_stages):
-      if pos[k] == len(orders[k]):
-        continue
-      kind, i = orders[k][pos[k]]
-      if kind == "F" and (k == 0 or ("F", k - 1, i) in done):
-        ready.append((k, kind, i))
-      if kind == "B" and ("F", k, i) in done and (k == num_stages - 1 or ("B", k + 1, i) in done):
-        ready.append((k, kind, i))
-    assert ready, "schedule deadlocked"
-    for k, kind, i in ready:
+    for k, kind, i in ready_ops(orders, pos, done):
       t = i // m
       version = max(0, t - 1)
       assert len(weights[k]) > version, "2BW's version W(t - 1) is not there yet"
@@ -407,15 +400,10 @@ def test_bad_input():
   assert ps.Pipeline(loss_fn, optax.sgd(1.0), {"w": [0, 5]}).num_stages == 6
 
 
-def test_update_diagnostics_against_a_replay_of_the_weight_history():
-  # Three tanh layers with 4 x 4 matrices, SGD (update = -lr * gradient): the cosine of a stage's
-  # stale and fresh updates is that of its gradient at the stashed weights W_k(i - tau_k) and at the
-  # current ones, recomputed here from the recorded weight history; the flip rate from the applied
-  # updates and fresh gradients with NumPy's eigh.
-  rng = np.random.default_rng(3)
-  num_stages, width, warm, window = 3, 4, 5, 6
+def tanh_layers(num_stages, n, seed, width=4):
+  """Stage k: one ``tanh(h @ W_k)`` layer of 4 x 4; squared error; ``n`` steps of 8 samples."""
+  rng = np.random.default_rng(seed)
   params = {"w": [jnp.asarray(rng.normal(size=(width, width)) * 0.8, jnp.float32) for _ in range(num_stages)]}
-  labels = {"w": list(range(num_stages))}
 
   def loss_fn(p, batch):
     h = batch[0]
@@ -423,9 +411,19 @@ def test_update_diagnostics_against_a_replay_of_the_weight_history():
       h = jnp.tanh(h @ w)
     return jnp.mean((h - batch[1]) ** 2)
 
-  n = warm + window
   xs = jnp.asarray(rng.normal(size=(n, 8, width)), jnp.float32)
   ys = jnp.asarray(rng.normal(size=(n, 8, width)), jnp.float32)
+  return params, {"w": list(range(num_stages))}, loss_fn, xs, ys
+
+
+def test_update_diagnostics_against_a_replay_of_the_weight_history():
+  # Three tanh layers with 4 x 4 matrices, SGD (update = -lr * gradient): the cosine of a stage's
+  # stale and fresh updates is that of its gradient at the stashed weights W_k(i - tau_k) and at the
+  # current ones, recomputed here from the recorded weight history; the flip rate from the applied
+  # updates and fresh gradients with NumPy's eigh.
+  num_stages, warm, window = 3, 5, 6
+  n = warm + window
+  params, labels, loss_fn, xs, ys = tanh_layers(num_stages, n, seed=3)
   pipe = ps.Pipeline(loss_fn, optax.sgd(0.3), labels)
   state = pipe.init(params)
   history = [jax.tree.map(np.asarray, params)]
@@ -469,20 +467,10 @@ def test_the_gradient_cosine_leaves_the_shared_momentum_out():
   """Momentum SGD: the whole updates share ``0.9 m``, so their cosine is near 1 whatever the
   delay; the gradient's own part ``u(g) - u(0) = -lr g`` has the cosine of the stale and fresh
   gradients themselves, recomputed here from the recorded weights."""
-  rng = np.random.default_rng(4)
-  num_stages, width, warm, window = 3, 4, 6, 4
-  params = {"w": [jnp.asarray(rng.normal(size=(width, width)) * 0.8, jnp.float32) for _ in range(num_stages)]}
-
-  def loss_fn(p, batch):
-    h = batch[0]
-    for w in p["w"]:
-      h = jnp.tanh(h @ w)
-    return jnp.mean((h - batch[1]) ** 2)
-
+  num_stages, warm, window = 3, 6, 4
   n = warm + window
-  xs = jnp.asarray(rng.normal(size=(n, 8, width)), jnp.float32)
-  ys = jnp.asarray(rng.normal(size=(n, 8, width)), jnp.float32)
-  pipe = ps.Pipeline(loss_fn, optax.sgd(0.3, momentum=0.9), {"w": list(range(num_stages))})
+  params, labels, loss_fn, xs, ys = tanh_layers(num_stages, n, seed=4)
+  pipe = ps.Pipeline(loss_fn, optax.sgd(0.3, momentum=0.9), labels)
   state = pipe.init(params)
   history = [jax.tree.map(np.asarray, params)]
   for i in range(n):
