@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import pathlib
 import re
 
 import jax
@@ -270,3 +271,8 @@ def out_of_memory(config: RunConfig, name: str, error) -> str:
   needed = f"{int(found.group(1)) / 2**30:.1f} GiB more" if found else "more memory"
   return (f"run {name} ran out of device memory (it needed {needed} than the device had); lower it "
           f"with {memory_options(config)}")
+
+
+def run_dir(config: RunConfig, ds, out) -> pathlib.Path:
+  """The folder of ``config``'s run on dataset ``ds`` in a sweep's folder ``out``: ``out/runs/<name>``."""
+  return pathlib.Path(out) / "runs" / run_name(config, ds.sha256, ds.vocab_size, device_count(config))

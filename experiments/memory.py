@@ -12,7 +12,7 @@ from flax import nnx
 
 from experiments import model as model_lib
 from experiments import runs
-from experiments.config import RunConfig, memory_options
+from experiments.config import RunConfig, memory_options, run_dir
 from experiments.data import Dataset
 
 
@@ -101,3 +101,41 @@ def estimate(config: RunConfig, ds: Dataset, time_budget: float = 120.0) -> dict
   rate = config.chunk / (time.perf_counter() - t0)
   out.update(steps_per_second=rate, estimated_seconds=compile_seconds + config.steps / rate)
   return out
+
+
+def dry_run(runs_by_group, ds, out) -> list:
+  """Prints the plan and, for every unfinished run, its compiled program's FLOPs per step and memory
+  (from shapes, before anything runs) against the device's memory, and an estimated time from one
+  timed chunk where it fits and is quick enough to time here; returns the rows.
+
+  Args:
+    runs_by_group: ``(group, RunConfig)`` pairs (a sweep's plan).
+    ds: the dataset.
+    out: the sweep's folder (a run with a ``result.json`` there is cached).
+  """
+  rows, total = [], 0.0
+  limit, source = device_memory()
+  print(f"device memory: {'unknown' if limit is None else f'{limit / 2**30:.1f} GiB'} ({source})")
+  print(f"{'group':<14} {'run':<64} {'state':<8} {'GFLOP/step':>10} {'args GiB':>8} {'temp GiB':>8} "
+        f"{'est. s':>8}")
+  for group, c in runs_by_group:
+    folder = run_dir(c, ds, out)
+    done = (folder / "result.json").exists()
+    row = {"group": group, "run": folder.name, "cached": done}
+    if not done:
+      row.update(estimate(c, ds))
+      total += row["estimated_seconds"] or 0.0
+    rows.append(row)
+    cost = ""
+    if not done:
+      mem = row["memory"]
+      timed = f"{row['estimated_seconds']:>8.0f}" if row["estimated_seconds"] is not None else f"{'-':>8}"
+      cost = (f"{row['flops_per_step'] / 1e9:>10.3f} {mem['arguments'] / 2**30:>8.2f} "
+              f"{mem['temporaries'] / 2**30:>8.2f} {timed}")
+    print(f"{group:<14} {c.name:<64} {'cached' if done else 'to run':<8} {cost}", flush=True)
+    if row.get("skipped"):
+      print(f"{'':<14} {row['skipped']}", flush=True)
+  timed = sum(r.get("estimated_seconds") is not None for r in rows)
+  print(f"{len(rows)} runs, {sum(not r['cached'] for r in rows)} to run, {timed} timed: estimated "
+        f"{total / 60:.1f} min for those (compilation included; measured on this machine now)")
+  return rows

@@ -34,7 +34,7 @@ from experiments import methods as methods_lib
 from experiments import model as model_lib
 from experiments import presets as presets_lib
 from experiments.cli import RunFailed
-from experiments.config import EXECUTIONS, device_count, run_name
+from experiments.config import EXECUTIONS, run_dir
 
 
 def parse_args(argv=None):
@@ -310,10 +310,6 @@ def tune_learning_rates(plan: Plan, ds, out: pathlib.Path, overall) -> dict:
   return chosen
 
 
-def run_dir_of(config, ds, out: pathlib.Path) -> pathlib.Path:
-  return out / "runs" / run_name(config, ds.sha256, ds.vocab_size, device_count(config))
-
-
 class _QueueProgress:
   """The ``progress`` a worker's ``runs.train`` advances: forwards steps and loss to the sweep."""
 
@@ -330,7 +326,7 @@ class _QueueProgress:
     self.postfix = dict(postfix)
 
 
-def _worker(queue, index, config, ds, run_dir, jobs, source) -> None:
+def _worker(queue, index, config, ds, folder, jobs, source) -> None:
   """One run in a fresh process: refuses to train if the source files changed since the sweep
   began (the worker would import other code than the sweep's), reports progress, then the result
   or the error, by run."""
@@ -340,7 +336,7 @@ def _worker(queue, index, config, ds, run_dir, jobs, source) -> None:
       raise RuntimeError(f"the source changed since the sweep began ({', '.join(changed)}); this "
                          "worker would run other code: restart the sweep")
     t0 = time.time()
-    result = runs.train(config, ds, run_dir, progress=_QueueProgress(queue, index), jobs=jobs)
+    result = runs.train(config, ds, folder, progress=_QueueProgress(queue, index), jobs=jobs)
     queue.put(("done", index, (result, time.time() - t0)))
   except BaseException as e:  # noqa: BLE001 - reported by run name in the sweep
     queue.put(("error", index, f"{type(e).__name__}: {e}".strip()))
@@ -367,7 +363,7 @@ def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1) -> list:
   checkpoint."""
   if jobs < 1:
     raise ValueError(f"--jobs must be >= 1, got {jobs}")
-  folders = [run_dir_of(c, ds, out) for c in configs]
+  folders = [run_dir(c, ds, out) for c in configs]
   first = {}
   for i, folder in enumerate(folders):
     first.setdefault(folder, i)
@@ -455,11 +451,11 @@ def _run_parallel(todo, ds, overall, jobs) -> dict:
 
 
 def _run(config, ds, out, overall):
-  run_dir = run_dir_of(config, ds, out)
+  folder = run_dir(config, ds, out)
   with tqdm(total=config.steps, desc=config.name, leave=False, unit="step", dynamic_ncols=True) as bar:
     t0 = time.time()
-    already = runs.load_result(run_dir) is not None
-    result = runs.train(config, ds, run_dir, progress=bar)
+    already = runs.load_result(folder) is not None
+    result = runs.train(config, ds, folder, progress=bar)
   overall.update(1)
   tqdm.write(f"[{overall.n}/{overall.total}] {config.name}: "
              f"{_summary(result, 'cached' if already else f'{time.time() - t0:.0f}s')}")
@@ -509,38 +505,6 @@ def exclusive(out: pathlib.Path):
       raise ValueError(f"another sweep is writing into {str(out)!r}; wait for it or use another "
                        "--out") from None
     yield
-
-
-def dry_run(plan: Plan, ds, out: pathlib.Path) -> list:
-  """Prints the plan and, for every unfinished run, its compiled program's FLOPs per step and memory
-  (from shapes, before anything runs) against the device's memory, and an estimated time from one
-  timed chunk where it fits and is quick enough to time here; returns the rows."""
-  rows, total = [], 0.0
-  limit, source = memory_lib.device_memory()
-  print(f"device memory: {'unknown' if limit is None else f'{limit / 2**30:.1f} GiB'} ({source})")
-  print(f"{'group':<14} {'run':<64} {'state':<8} {'GFLOP/step':>10} {'args GiB':>8} {'temp GiB':>8} "
-        f"{'est. s':>8}")
-  for group, c in [("main", c) for c in plan.main] + list(plan.ablations):
-    run_dir = run_dir_of(c, ds, out)
-    done = (run_dir / "result.json").exists()
-    row = {"group": group, "run": run_dir.name, "cached": done}
-    if not done:
-      row.update(memory_lib.estimate(c, ds))
-      total += row["estimated_seconds"] or 0.0
-    rows.append(row)
-    cost = ""
-    if not done:
-      mem = row["memory"]
-      timed = f"{row['estimated_seconds']:>8.0f}" if row["estimated_seconds"] is not None else f"{'-':>8}"
-      cost = (f"{row['flops_per_step'] / 1e9:>10.3f} {mem['arguments'] / 2**30:>8.2f} "
-              f"{mem['temporaries'] / 2**30:>8.2f} {timed}")
-    print(f"{group:<14} {c.name:<64} {'cached' if done else 'to run':<8} {cost}", flush=True)
-    if row.get("skipped"):
-      print(f"{'':<14} {row['skipped']}", flush=True)
-  timed = sum(r.get("estimated_seconds") is not None for r in rows)
-  print(f"{len(rows)} runs, {sum(not r['cached'] for r in rows)} to run, {timed} timed: estimated "
-        f"{total / 60:.1f} min for those (compilation included; measured on this machine now)")
-  return rows
 
 
 def publish(out: pathlib.Path, target: pathlib.Path, files=None) -> None:
@@ -616,7 +580,7 @@ def main(argv=None) -> pathlib.Path:
   ds = data_lib.load(args.data, context=max(contexts), vocab_size=args.vocab_size)
   out = pathlib.Path(args.out or f"results/{preset.name}")
   if args.dry_run:
-    dry_run(plan, ds, out)
+    memory_lib.dry_run([("main", c) for c in plan.main] + list(plan.ablations), ds, out)
     return out
   out = prepare_out(out)
   with exclusive(out) if processes.is_primary() else contextlib.nullcontext():

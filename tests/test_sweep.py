@@ -15,7 +15,7 @@ from experiments import cli, provenance, runs, sweep
 from experiments import data as data_lib
 from experiments import memory as memory_lib
 from experiments import report as report_lib
-from experiments.config import RunConfig, identity, run_name
+from experiments.config import RunConfig, identity, run_dir, run_name
 
 
 def test_smoke_sweep_end_to_end(tmp_path):
@@ -24,7 +24,7 @@ def test_smoke_sweep_end_to_end(tmp_path):
   plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
   ds = data_lib.load(None, context=plan.main[0].model_config(256).context)
   here = runs.train(plan.main[0], ds, tmp_path / "here")  # pipedream at P = 1
-  there = json.loads((sweep.run_dir_of(plan.main[0], ds, out) / "result.json").read_text())
+  there = json.loads((run_dir(plan.main[0], ds, out) / "result.json").read_text())
   assert here["losses"] == there["losses"] and here["val_losses"] == there["val_losses"]
   for name in ("results.csv", "report.md", "summary.json", "curves.json.gz", "main_loss.png",
                "main_slowdown.png", "main_levels.png"):
@@ -232,9 +232,8 @@ def test_a_dry_run_reports_memory_before_running_and_skips_what_cannot_fit(tmp_p
   ran = []
   monkeypatch.setattr(runs, "build", lambda *a, **k: ran.append(a) or (_ for _ in ()).throw(AssertionError))
   monkeypatch.setattr(memory_lib, "device_memory", lambda: (1024, "a 1 KiB test device"))
-  rows = sweep.dry_run(sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--methods", "pipedream",
-                                                          "--stages", "1"])),
-                       data_lib.load(None, context=32), tmp_path)
+  plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--methods", "pipedream", "--stages", "1"]))
+  rows = memory_lib.dry_run([("main", c) for c in plan.main], data_lib.load(None, context=32), tmp_path)
   printed = capsys.readouterr().out
   assert not ran  # nothing allocated, nothing executed
   assert all(r["estimated_seconds"] is None and r["memory"]["total"] > 1024 for r in rows)
@@ -419,13 +418,13 @@ def test_a_dead_worker_ends_only_its_own_run_and_failures_are_named(tmp_path):
   good = plan.main[0]
   bad = dataclasses.replace(good, method="no-such-method")
   todo = [(0, _KilledRun(), tmp_path / "killed"), (1, bad, tmp_path / "bad"),
-          (2, good, sweep.run_dir_of(good, ds, tmp_path))]
+          (2, good, run_dir(good, ds, tmp_path))]
   with tqdm_lib.tqdm(total=3, file=io.StringIO()) as overall:
     with pytest.raises(cli.RunFailed, match=r"2 run\(s\) failed: .*the-killed-run.*the others finished"):
       sweep._run_parallel(todo, ds, overall, jobs=2)
     assert overall.n == 3
   # the run beside them trained to the end, with the numbers of a run trained alone
-  result = runs.load_result(sweep.run_dir_of(good, ds, tmp_path))
+  result = runs.load_result(run_dir(good, ds, tmp_path))
   assert result["status"] == "finished" and len(result["losses"]) == good.steps
   assert cli.run(sweep.main, ["--preset", "smoke", "--methods", "no-such-method"]) == 2
 
