@@ -98,10 +98,15 @@ def percent_fewer(method_iters: int | None, baseline_iters: int | None) -> float
   return 100.0 * (1.0 - method_iters / baseline_iters)
 
 
-def common_levels(curves, window: int, num_levels: int = NUM_LEVELS) -> np.ndarray:
-  """Loss levels every credited curve of ``curves`` reaches (see the module docstring; a run that
-  diverged or did not finish is left out, and credited with nothing); empty if the curves share no
-  range."""
+def common_levels(curves, window: int, num_levels: int = NUM_LEVELS, reference=None) -> np.ndarray:
+  """Loss levels every credited curve of ``curves`` reaches and starts above (a run that diverged or
+  did not finish is left out, and credited with nothing); empty if the curves share no range.
+
+  Without ``reference`` the levels are evenly spaced in loss; with it (one of ``curves``, the
+  synchronous run) they are its running-minimum smoothed loss at ``num_levels`` steps evenly spaced
+  after its first smoothed step up to the step it reaches the lowest common level: evenly spaced in its
+  training time, so that the first fast descent (a few dozen steps that cover half the loss range)
+  weighs no more than any other stretch of training."""
   curves = [c for c in curves if credited(c)]
   if not curves:
     return np.zeros(0)
@@ -111,7 +116,13 @@ def common_levels(curves, window: int, num_levels: int = NUM_LEVELS) -> np.ndarr
   high = min(float(d[0]) for d in defined)  # every run starts above this
   if not high > low:
     return np.zeros(0)
-  return np.linspace(low, high, num_levels + 1)[:-1]  # from the lowest common level up, below the start
+  if reference is None:
+    return np.linspace(low, high, num_levels + 1)[:-1]  # from the lowest common level up, below the start
+  running = np.minimum.accumulate(np.nan_to_num(smooth(reference, window), nan=np.inf))
+  first = int(np.argmax(np.isfinite(running)))
+  last = int(np.argmax(running <= low))
+  levels = running[np.round(np.linspace(first, last, num_levels + 1)).astype(int)[1:]]  # after its start
+  return np.maximum(levels[levels < high], low)
 
 
 def times_to(losses, levels, window: int) -> np.ndarray:
@@ -135,8 +146,10 @@ def level_slowdown(base, stale, window: int, num_levels: int = NUM_LEVELS):
   """``(median, levels, ratios)``: the slowdown of ``stale`` over ``base`` (two runs of one method)
   at each of the levels the two share; ``(None, [], [])`` if they share none or one is not
   credited."""
-  levels = common_levels([base, stale], window, num_levels)
-  if not len(levels) or not (credited(base) and credited(stale)):
+  if not (credited(base) and credited(stale)):
+    return None, np.zeros(0), np.zeros(0)
+  levels = common_levels([base, stale], window, num_levels, reference=base)
+  if not len(levels):
     return None, np.zeros(0), np.zeros(0)
   ratios = times_to(stale, levels, window) / times_to(base, levels, window)
   return median_ratio(ratios, 1.0), levels, ratios
@@ -146,8 +159,10 @@ def advantage(method_1, method_p, base_1, base_p, window: int, num_levels: int =
   """``(advantage at P, staleness gain)`` of a method over a baseline from their P = 1 and P runs,
   at the levels all four share (``None`` where there are none, or a run is not credited)."""
   runs = [method_1, method_p, base_1, base_p]
-  levels = common_levels(runs, window, num_levels)
-  if not len(levels) or not all(credited(c) for c in runs):
+  if not all(credited(c) for c in runs):
+    return None, None
+  levels = common_levels(runs, window, num_levels, reference=method_1)
+  if not len(levels):
     return None, None
   m1, mp, b1, bp = (times_to(c, levels, window) for c in runs)
   return median_ratio(bp, mp), median_ratio((bp / b1) / (mp / m1), 1.0)
