@@ -53,10 +53,10 @@ def main_section(ctx: Context, results) -> tuple[list, list]:
   study_figures(ctx, curves, rows, "main", "main study")
   lines = ["## Slowdown at the method's own levels (the headline)", "",
            f"Per seed, the median over {metrics.NUM_LEVELS} loss levels of the iterations at P over "
-           "the iterations at P = 1; the levels come from the method's own two runs (from the "
-           "higher of their lowest smoothed losses up to the lower of their first smoothed values), "
-           "so no other method moves it. Mean [min, max] over seeds and Student's t 95% interval "
-           "of the mean.", "",
+           "the iterations at P = 1. The levels come from the method's own two runs, so no other "
+           "method moves it: the P = 1 run's smoothed loss at steps evenly spaced in its training, "
+           "down to the lowest loss both runs reach. Mean [min, max] over seeds and Student's t 95% "
+           "interval of the mean.", "",
            pivot(rows, "slowdown_levels", ci=True, none="no shared levels"), ""]
   if top > 1:
     lines += window_lines(ctx, curves, rows, top)
