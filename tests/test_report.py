@@ -164,6 +164,7 @@ def test_a_report_is_rebuilt_from_its_curves_and_a_methods_headline_ignores_the_
   assert json.loads((source / "summary.json").read_text())["headline"] == summary["headline"]
   text = (source / "report.md").read_text()
   assert "every run trained on one CPU: test CPU (2 cores)" in text
+  assert "- pipeline schedule at P > 1: PipeDream 1F1B" in text
   assert "Not measured: runs were trained 2 at a time" in text
   for figure in ("main_loss.png", "main_slowdown.png", "main_levels.png"):
     assert f"![{figure}]({figure})" in text and (source / figure).stat().st_size > 0
