@@ -70,6 +70,12 @@ class Study:
   target: float = 1e-2  # of the initial loss
   sigma: float = 0.05  # gradient-noise scale (relative to the Hessian's square root)
   refresh_every: int = 10
+  optimizers: tuple = OPTIMIZERS
+  lag: tuple = ()  # (shampoo_beta, refresh_every) of extra rotations: the estimation-lag study
+
+  def names(self) -> tuple:
+    """Every optimizer of the study: ``optimizers`` and one ``rotation:BETA:T`` per ``lag`` pair."""
+    return tuple(self.optimizers) + tuple(f"rotation:{b:g}:{t}" for b, t in self.lag)
 
 
 def rotation_matrix(dim: int, theta_deg: float, seed: int) -> np.ndarray:
@@ -97,6 +103,9 @@ def optimizer(name: str, lr: float, qa=None, qb=None, study: Study = Study()):
     core = rotation.scale_by_adam()
   elif name == "rotation":
     core = rotation.scale_by_basis_rotation(refresh_every=study.refresh_every)
+  elif name.startswith("rotation:"):  # rotation:BETA:T, statistics decay BETA, refresh every T
+    _, beta, period = name.split(":")
+    core = rotation.scale_by_basis_rotation(refresh_every=int(period), shampoo_beta=float(beta))
   else:
     bases = {"w": (jnp.asarray(qa, jnp.float32), jnp.asarray(qb, jnp.float32)), "pad": None}
     core = rotation.scale_by_basis_rotation(bases=bases)
@@ -209,7 +218,7 @@ def run(study: Study, out: pathlib.Path, argv=None) -> dict:
   t0 = time.time()
   got = {"study": dataclasses.asdict(study), "identity_check": identity_check(study), "cells": {},
          "misalignment": {str(t): misalignment_of(study, t) for t in study.thetas}}
-  for name in OPTIMIZERS:
+  for name in study.names():
     for theta in study.thetas:
       for tau in study.taus:
         got["cells"][f"{name}/{theta:g}/{tau}"] = best_cell(study, name, theta, tau)
@@ -219,7 +228,7 @@ def run(study: Study, out: pathlib.Path, argv=None) -> dict:
   caps = [study.steps - tau for tau in study.taus]  # the most updates a cell observes
   got["slopes"] = {f"{name}/{theta:g}": slope(study.taus, [got["cells"][f"{name}/{theta:g}/{tau}"]["median"]
                                                            for tau in study.taus], caps)
-                   for name in OPTIMIZERS for theta in study.thetas}
+                   for name in study.names() for theta in study.thetas}
   got["seconds"] = time.time() - t0
   out.mkdir(parents=True, exist_ok=True)
   (out / "misalignment.json").write_text(json.dumps(got, indent=1))
@@ -255,7 +264,7 @@ def table(study: Study, got: dict) -> list:
 
   lines = ["| optimizer | theta | normalised (1,1)-norm | " + " | ".join(f"tau={t}" for t in study.taus)
            + " | slope of log(steps) vs tau |", "|---|---|---|" + "---|" * len(study.taus) + "---|"]
-  for name in OPTIMIZERS:
+  for name in study.names():
     for theta in study.thetas:
       lines.append(f"| {name} | {theta:g} | {got['misalignment'][str(theta)]:.3f} | " + " | ".join(
           fmt(got["cells"][f"{name}/{theta:g}/{tau}"], tau) for tau in study.taus)
@@ -268,8 +277,10 @@ def figure(study: Study, got: dict, path: pathlib.Path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, axes = plt.subplots(1, len(OPTIMIZERS), figsize=(4 * len(OPTIMIZERS), 3.4), sharey=True)
-  for ax, name in zip(axes, OPTIMIZERS):
+  names = study.names()
+  fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.4), sharey=True, squeeze=False)
+  axes = axes[0]
+  for ax, name in zip(axes, names):
     for theta in study.thetas:
       ys = [got["cells"][f"{name}/{theta:g}/{tau}"]["median"] for tau in study.taus]
       ax.plot(study.taus, ys, marker="o", label=f"theta={theta:g}")
@@ -289,10 +300,21 @@ def main(argv=None):
   parser.add_argument("--out", default="results/misalignment", help="output folder")
   parser.add_argument("--steps", type=int, default=Study.steps)
   parser.add_argument("--seeds", type=int, nargs="+", default=list(Study.seeds))
+  parser.add_argument("--thetas", type=float, nargs="+", default=list(Study.thetas),
+                      help="misalignment angles in degrees (default: %(default)s)")
+  parser.add_argument("--optimizers", nargs="*", default=list(OPTIMIZERS), choices=OPTIMIZERS,
+                      help="optimizers of the study (default: all three)")
+  parser.add_argument("--lag", action="store_true", help="the estimation-lag study: add rotation with "
+                      "statistics decay (shampoo_beta) 0.9, 0.99 and 0.999, each refreshed every 1 and "
+                      "10 steps")
   args = parser.parse_args(argv)
   if args.steps < max(Study.taus) + 2:
     raise ValueError(f"--steps must exceed the largest delay {max(Study.taus)} + 1, got {args.steps}")
-  study = Study(steps=args.steps, seeds=tuple(args.seeds))
+  if not args.optimizers and not args.lag:
+    raise ValueError("nothing to run: give --optimizers or --lag")
+  lag = tuple((b, t) for b in (0.9, 0.99, 0.999) for t in (1, 10)) if args.lag else ()
+  study = Study(steps=args.steps, seeds=tuple(args.seeds), thetas=tuple(args.thetas),
+                optimizers=tuple(args.optimizers), lag=lag)
   out = sweep.prepare_out(pathlib.Path(args.out))
   got = run(study, out, argv=list(sys.argv[1:] if argv is None else argv))
   print("\n".join(table(study, got)))

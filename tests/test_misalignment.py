@@ -58,6 +58,11 @@ def test_a_tiny_study_writes_its_table_and_figure(tmp_path):
   assert got["identity_check"] == 0.0  # Adam and Adam in the identity basis: one trajectory
   assert "| adam | 0 |" in (tmp_path / "report.md").read_text()
   assert set(got["slopes"]) == {f"{n}/0" for n in mis.OPTIMIZERS}
+  lagged = mis.Study(dim=4, thetas=(0.0,), taus=(0, 1), seeds=(0,), lrs=(0.02, 0.08), steps=40,
+                     optimizers=("adam",), lag=((0.9, 1),))
+  got = mis.run(lagged, tmp_path / "lag")
+  assert set(got["slopes"]) == {"adam/0", "rotation:0.9:1/0"}
+  assert "| rotation:0.9:1 | 0 |" in (tmp_path / "lag" / "report.md").read_text()
   assert all(len(c["grid"]) >= 2 for c in got["cells"].values())
 
 
