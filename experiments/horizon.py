@@ -1,0 +1,154 @@
+"""``python -m experiments.horizon SOURCE [SOURCE ...] --out DIR``: the staleness study against the
+training horizon T.
+
+Each SOURCE is a study folder holding ``curves.json.gz`` (``experiments.curves``). Their main runs
+are grouped by their length T; per T, every number is computed per seed as in the study's own
+report (``metrics.study_table``) at the largest P of that T: each method's headline slowdown,
+rotation's staleness gain over the best baseline with its 95% interval and verdict
+(``claims.judge``: reproduced above 1, refuted below, inconclusive otherwise), and each method's
+final smoothed loss at P = 1 and at P with their gap. Writes ``report.md``, ``horizon.png`` (the
+gain against ``T / tau_max`` with its interval, the paper's regime marked) and ``summary.json``
+with ``gain_vs_horizon: [{"T", "P", "method", "gain": {"mean", "min", "max", "ci95"}, "seeds",
+"verdict"}]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+from experiments import claims, cli, curves, metrics
+from experiments.tables import curves_by, seed_tables
+
+PAPER_T_PER_DELAY = 8000  # about 50 x the cpu preset's 2,400 / 15 (the paper's 95M runs at P = 32)
+
+
+def by_horizon(runs) -> dict:
+  """``{T: main runs of that length}``."""
+  out = {}
+  for r in runs:
+    if r["group"] == "main":
+      out.setdefault(r["config"]["steps"], []).append(r)
+  return dict(sorted(out.items()))
+
+
+def horizon_rows(sources) -> tuple[list, list]:
+  """Per T: the rows of the report and of ``gain_vs_horizon``, and the hosts of every run."""
+  runs, hosts = [], set()
+  for source in sources:
+    data = curves.read(source)
+    for r in data["runs"]:
+      runs.append({**r, "window": _window(r["config"]["steps"], data)})
+      if r.get("host"):
+        hosts.add(json.dumps(r["host"], sort_keys=True))
+  rows = []
+  for steps, group in by_horizon(runs).items():
+    window = group[0]["window"]
+    tables = seed_tables(curves_by(group), window)
+    if not tables:
+      continue
+    top = max(r["stages"] for r in tables[0])
+    at = {r["method"]: r for r in metrics.aggregate(tables) if r["stages"] == top}
+    first = {r["method"]: r for r in metrics.aggregate(tables) if r["stages"] == 1}
+    gains = [next((r["staleness_gain"] for r in t if r["method"] == "rotation" and r["stages"] == top),
+                  None) for t in tables]
+    verdict, iv, why = claims.judge(gains, 1.0)
+    rows.append({"T": steps, "P": top, "tau_max": top - 1, "seeds": len(tables), "gains": gains,
+                 "gain": iv, "verdict": verdict, "why": why, "at": at, "first": first})
+  return rows, [json.loads(h) for h in sorted(hosts)]
+
+
+def _window(steps: int, data: dict) -> int:
+  """The smoothing window of a run of ``steps`` (the study's fraction of its own length)."""
+  runs = [r for r in data["runs"] if r["group"] == "main"]
+  study_steps = max((r["config"]["steps"] for r in runs), default=steps)
+  return max(1, round(data["meta"]["window"] * steps / study_steps))
+
+
+def write(rows, hosts, out: pathlib.Path, command: str) -> dict:
+  out.mkdir(parents=True, exist_ok=True)
+  methods = sorted({m for r in rows for m in r["at"]})
+  lines = ["# The staleness study against the training horizon", "",
+           f"- made by `{command}`",
+           "- runs from " + ("one CPU: " if len(hosts) == 1 else "**more than one CPU**: ")
+           + "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in hosts), "",
+           "Per horizon T: rotation's staleness gain over the best baseline at the largest P (> 1: "
+           "its lead grows with staleness; Student's t 95% interval over seeds), each method's headline "
+           "slowdown from P = 1 and its final smoothed loss at P = 1 and at P.", "",
+           "| T | P | T / tau_max | seeds | rotation's staleness gain | verdict | "
+           + " | ".join(f"{m} slowdown" for m in methods) + " | "
+           + " | ".join(f"{m} final P=1 / P (gap)" for m in methods) + " |",
+           "|---|---|---|---|---|---|" + "---|" * (2 * len(methods))]
+  for r in rows:
+    gain = claims.describe(r["gains"], r["gain"])
+    slow = [f"{r['at'][m]['slowdown_levels']:.2f}" if m in r["at"] and r["at"][m]["slowdown_levels"]
+            is not None else "" for m in methods]
+    fin = []
+    for m in methods:
+      a, b = r["first"].get(m, {}).get("final"), r["at"].get(m, {}).get("final")
+      fin.append(f"{a:.3f} / {b:.3f} ({b - a:+.3f})" if a is not None and b is not None else "")
+    verdict = r["verdict"] + (f" ({r['why']})" if r["why"] else "")
+    lines.append(f"| {r['T']} | {r['P']} | {r['T'] / r['tau_max']:.0f} | {r['seeds']} | {gain} | "
+                 f"{verdict} | " + " | ".join(slow) + " | " + " | ".join(fin) + " |")
+  lines += ["", "![rotation's staleness gain against the horizon](horizon.png)", ""]
+  (out / "report.md").write_text("\n".join(lines))
+  figure(rows, out / "horizon.png")
+  summary = {"command": command, "hosts": hosts, "gain_vs_horizon": [
+      {"T": r["T"], "P": str(r["P"]), "method": "rotation", "seeds": r["seeds"],
+       "verdict": r["verdict"],
+       "gain": ({k: r["gain"][k] for k in ("mean", "min", "max", "ci95")} if r["gain"] else None)}
+      for r in rows]}
+  (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+  return summary
+
+
+def figure(rows, path: pathlib.Path) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for r in rows:
+    x = r["T"] / r["tau_max"]
+    if r["gain"] is None:
+      continue
+    lo, hi = r["gain"]["ci95"] or (r["gain"]["min"], r["gain"]["max"])
+    ax.errorbar([x], [r["gain"]["mean"]], yerr=[[r["gain"]["mean"] - lo], [hi - r["gain"]["mean"]]],
+                marker="o", capsize=4, color="C0")
+    ax.annotate(f"T = {r['T']}, {r['seeds']} seed(s)", (x, r["gain"]["mean"]), fontsize=7,
+                xytext=(5, 5), textcoords="offset points")
+  ax.axhline(1.0, color="gray", lw=0.8)
+  ax.axvline(PAPER_T_PER_DELAY, color="C3", ls="--", lw=1)
+  ax.text(PAPER_T_PER_DELAY, ax.get_ylim()[1], " the paper's regime (about)", color="C3", fontsize=7,
+          va="top")
+  ax.set_xscale("log")
+  ax.set_xlabel("T / tau_max (training steps per step of the largest delay)")
+  ax.set_ylabel("rotation's staleness gain (> 1: lead grows)")
+  ax.set_title("95% interval where there are several seeds, else the single value", fontsize=9)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m experiments.horizon", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("sources", nargs="+", help=f"study folders holding {curves.FILE}")
+  parser.add_argument("--out", required=True, help="where to write report.md, horizon.png, summary.json")
+  args = parser.parse_args(argv)
+  rows, hosts = horizon_rows(args.sources)
+  if not rows:
+    raise ValueError(f"no main runs in {args.sources}")
+  command = "python -m experiments.horizon " + " ".join(sys.argv[1:] if argv is None else argv)
+  summary = write(rows, hosts, pathlib.Path(args.out), command)
+  print(f"wrote {args.out}/report.md: " + "; ".join(
+      f"T = {g['T']}: gain {g['gain']['mean']:.2f} ({g['verdict']})" if g["gain"]
+      else f"T = {g['T']}: no gain" for g in summary["gain_vs_horizon"]))
+  return summary
+
+
+if __name__ == "__main__":
+  cli.exit_process(cli.run(main))
