@@ -108,7 +108,8 @@ def _lines(ax, lines: dict, xlabel: str, ylabel: str) -> None:
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
+  if ax.get_legend_handles_labels()[0]:  # a panel without data (no gradient cosine logged) has none
+    ax.legend(fontsize=8)
 
 
 def series(lines: dict, path: pathlib.Path, title: str, xlabel: str, ylabel: str) -> None:
