@@ -19,7 +19,7 @@ import json
 import pathlib
 import sys
 
-from experiments import claims, cli, curves, metrics
+from experiments import claims, cli, curves, metrics, plots
 from experiments.tables import curves_by, seed_tables
 
 PAPER_T_PER_DELAY = 8000  # about 50 x the cpu preset's 2,400 / 15 (the paper's 95M runs at P = 32)
@@ -94,7 +94,7 @@ def write(rows, hosts, out: pathlib.Path, command: str) -> dict:
                  f"{verdict} | " + " | ".join(slow) + " | " + " | ".join(fin) + " |")
   lines += ["", "![rotation's staleness gain against the horizon](horizon.png)", ""]
   (out / "report.md").write_text("\n".join(lines))
-  figure(rows, out / "horizon.png")
+  plots.gain_vs_horizon(rows, out / "horizon.png", PAPER_T_PER_DELAY)
   summary = {"command": command, "hosts": hosts, "gain_vs_horizon": [
       {"T": r["T"], "P": str(r["P"]), "method": "rotation", "seeds": r["seeds"],
        "verdict": r["verdict"],
@@ -102,35 +102,6 @@ def write(rows, hosts, out: pathlib.Path, command: str) -> dict:
       for r in rows]}
   (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
   return summary
-
-
-def figure(rows, path: pathlib.Path) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for r in rows:
-    x = r["T"] / r["tau_max"]
-    if r["gain"] is None:
-      continue
-    lo, hi = r["gain"]["ci95"] or (r["gain"]["min"], r["gain"]["max"])
-    ax.errorbar([x], [r["gain"]["mean"]], yerr=[[r["gain"]["mean"] - lo], [hi - r["gain"]["mean"]]],
-                marker="o", capsize=4, color="C0")
-    ax.annotate(f"T = {r['T']}, {r['seeds']} seed(s)", (x, r["gain"]["mean"]), fontsize=7,
-                xytext=(5, 5), textcoords="offset points")
-  ax.axhline(1.0, color="gray", lw=0.8)
-  ax.axvline(PAPER_T_PER_DELAY, color="C3", ls="--", lw=1)
-  ax.text(PAPER_T_PER_DELAY, ax.get_ylim()[1], " the paper's regime (about)", color="C3", fontsize=7,
-          va="top")
-  ax.set_xscale("log")
-  ax.set_xlabel("T / tau_max (training steps per step of the largest delay)")
-  ax.set_ylabel("rotation's staleness gain (> 1: lead grows)")
-  ax.set_title("95% interval where there are several seeds, else the single value", fontsize=9)
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 def main(argv=None):

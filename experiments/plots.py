@@ -13,6 +13,12 @@ import numpy as np  # noqa: E402
 from experiments import metrics  # noqa: E402
 
 
+def _save(fig, path: pathlib.Path) -> None:
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
 def loss_curves(curves: dict, window: int, path: pathlib.Path, title: str) -> None:
   """One panel per P, on one shared y range; smoothed training loss vs step for every method."""
   stages = sorted({p for _, p in curves})
@@ -31,9 +37,7 @@ def loss_curves(curves: dict, window: int, path: pathlib.Path, title: str) -> No
     ax.axis("off")
   axes.flat[0].legend(fontsize=8)
   fig.suptitle(title)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, path)
 
 
 def level_slowdowns(per_method: dict, path: pathlib.Path, title: str) -> None:
@@ -49,9 +53,7 @@ def level_slowdowns(per_method: dict, path: pathlib.Path, title: str) -> None:
   ax.set_title(title, fontsize=10)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, path)
 
 
 def slowdown_vs_stages(rows, path: pathlib.Path, title: str, field: str = "slowdown_levels") -> None:
@@ -77,9 +79,7 @@ def slowdown_vs_stages(rows, path: pathlib.Path, title: str, field: str = "slowd
   ax.set_title(title + "  (bars: [min, max] over seeds)", fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, path)
 
 
 def bars(values: dict, path: pathlib.Path, title: str, ylabel: str) -> None:
@@ -94,9 +94,7 @@ def bars(values: dict, path: pathlib.Path, title: str, ylabel: str) -> None:
   ax.set_xticks(range(len(labels)), labels, rotation=20, fontsize=8)
   ax.set_ylabel(ylabel)
   ax.set_title(title, fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, path)
 
 
 def _lines(ax, lines: dict, xlabel: str, ylabel: str) -> None:
@@ -117,9 +115,7 @@ def series(lines: dict, path: pathlib.Path, title: str, xlabel: str, ylabel: str
   fig, ax = plt.subplots(figsize=(6, 4))
   _lines(ax, lines, xlabel, ylabel)
   ax.set_title(title, fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, path)
 
 
 def panels(by_panel: dict, path: pathlib.Path, title: str, xlabel: str) -> None:
@@ -128,6 +124,29 @@ def panels(by_panel: dict, path: pathlib.Path, title: str, xlabel: str) -> None:
   for ax, (ylabel, lines) in zip(axes.flat, by_panel.items()):
     _lines(ax, lines, xlabel, ylabel)
   fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, path)
+
+
+def gain_vs_horizon(rows, path: pathlib.Path, paper_t_per_delay: float) -> None:
+  """Rotation's staleness gain per horizon (``experiments.horizon``'s rows) against ``T / tau_max``,
+  with its 95% interval (or the single seed), the paper's regime marked."""
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for r in rows:
+    x = r["T"] / r["tau_max"]
+    if r["gain"] is None:
+      continue
+    lo, hi = r["gain"]["ci95"] or (r["gain"]["min"], r["gain"]["max"])
+    ax.errorbar([x], [r["gain"]["mean"]], yerr=[[r["gain"]["mean"] - lo], [hi - r["gain"]["mean"]]],
+                marker="o", capsize=4, color="C0")
+    ax.annotate(f"T = {r['T']}, {r['seeds']} seed(s)", (x, r["gain"]["mean"]), fontsize=7,
+                xytext=(5, 5), textcoords="offset points")
+  ax.axhline(1.0, color="gray", lw=0.8)
+  ax.axvline(paper_t_per_delay, color="C3", ls="--", lw=1)
+  ax.text(paper_t_per_delay, ax.get_ylim()[1], " the paper's regime (about)", color="C3", fontsize=7,
+          va="top")
+  ax.set_xscale("log")
+  ax.set_xlabel("T / tau_max (training steps per step of the largest delay)")
+  ax.set_ylabel("rotation's staleness gain (> 1: lead grows)")
+  ax.set_title("95% interval where there are several seeds, else the single value", fontsize=9)
+  ax.grid(alpha=0.3)
+  _save(fig, path)
