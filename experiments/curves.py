@@ -59,3 +59,9 @@ def read(path: pathlib.Path) -> dict:
     for key in ("losses", "val_losses"):
       r[key] = [float("inf") if v is None else v for v in r[key]]
   return data
+
+
+def hosts_of(runs) -> list:
+  """The distinct CPUs (``{"cpu", "cores"}``) the runs trained on, sorted."""
+  return [json.loads(h) for h in sorted({json.dumps(r["host"], sort_keys=True) for r in runs
+                                          if r.get("host")})]

@@ -36,35 +36,25 @@ def by_horizon(runs) -> dict:
 
 def horizon_rows(sources) -> tuple[list, list]:
   """Per T: the rows of the report and of ``gain_vs_horizon``, and the hosts of every run."""
-  runs, hosts = [], set()
+  runs = []
   for source in sources:
     data = curves.read(source)
-    for r in data["runs"]:
-      runs.append({**r, "window": _window(r["config"]["steps"], data)})
-      if r.get("host"):
-        hosts.add(json.dumps(r["host"], sort_keys=True))
+    runs += [{**r, "window": data["meta"]["window"]} for r in data["runs"]]  # one T per study
   rows = []
   for steps, group in by_horizon(runs).items():
-    window = group[0]["window"]
-    tables = seed_tables(curves_by(group), window)
+    tables = seed_tables(curves_by(group), group[0]["window"])
     if not tables:
       continue
     top = max(r["stages"] for r in tables[0])
-    at = {r["method"]: r for r in metrics.aggregate(tables) if r["stages"] == top}
-    first = {r["method"]: r for r in metrics.aggregate(tables) if r["stages"] == 1}
+    aggregated = metrics.aggregate(tables)
+    at = {r["method"]: r for r in aggregated if r["stages"] == top}
+    first = {r["method"]: r for r in aggregated if r["stages"] == 1}
     gains = [next((r["staleness_gain"] for r in t if r["method"] == "rotation" and r["stages"] == top),
                   None) for t in tables]
     verdict, iv, why = claims.judge(gains, 1.0)
     rows.append({"T": steps, "P": top, "tau_max": top - 1, "seeds": len(tables), "gains": gains,
                  "gain": iv, "verdict": verdict, "why": why, "at": at, "first": first})
-  return rows, [json.loads(h) for h in sorted(hosts)]
-
-
-def _window(steps: int, data: dict) -> int:
-  """The smoothing window of a run of ``steps`` (the study's fraction of its own length)."""
-  runs = [r for r in data["runs"] if r["group"] == "main"]
-  study_steps = max((r["config"]["steps"] for r in runs), default=steps)
-  return max(1, round(data["meta"]["window"] * steps / study_steps))
+  return rows, curves.hosts_of(runs)
 
 
 def write(rows, hosts, out: pathlib.Path, command: str) -> dict:

@@ -101,7 +101,6 @@ def rates_section(choice: dict) -> list:
 
 def header(meta: dict, runs: list, command: str) -> list:
   """The report's first lines: how it was made, on which CPUs, and the study's setting."""
-  hosts = sorted({json.dumps(r["host"], sort_keys=True) for r in runs if r.get("host")})
   commits = sorted({str((r.get("code") or {}).get("commit"))[:12] for r in runs})
   distinct = {r["name"]: r for r in runs}  # an ablation may list a main run again
   trained = sum(r.get("seconds") or 0.0 for r in distinct.values())
@@ -110,7 +109,7 @@ def header(meta: dict, runs: list, command: str) -> list:
   lines = [f"# Staleness study: preset `{meta['preset']}`", "",
            f"- {made}; runs trained by commit(s) {', '.join(commits)}, {trained:.0f} s of training "
            f"over {len(distinct)} distinct runs (compilation included)"]
-  cpus = [json.loads(h) for h in hosts]
+  cpus = curves_lib.hosts_of(runs)
   if len(cpus) > 1:
     lines.append("- **the runs come from more than one CPU**: " + "; ".join(
         f"{h.get('cpu')} ({h.get('cores')} cores)" for h in cpus) + " (a run's numbers depend on both)")
@@ -132,9 +131,10 @@ def headline(tables) -> dict:
   seed has no number)."""
   out = {}
   for row in metrics.aggregate(tables):
-    iv = metrics.interval(row["slowdown_levels_seeds"]) or {
-        "mean": None, "min": None, "max": None, "ci95": None, "seeds": row["seeds"]}
-    out.setdefault(row["method"], {})[str(row["stages"])] = iv
+    f = "slowdown_levels"
+    out.setdefault(row["method"], {})[str(row["stages"])] = {
+        "mean": row[f], "min": row[f + "_lo"], "max": row[f + "_hi"], "ci95": row[f + "_ci"],
+        "seeds": row["seeds"]}
   return out
 
 
@@ -182,10 +182,9 @@ def build(source, out=None, methods=None, command: str | None = None) -> dict:
   lines += claims_lib.section(claims, plumbing)
   lines += ["## Figures", ""] + [f"![{f}]({f})" for f in ctx.figures] + [""]
   (out / "report.md").write_text("\n".join(lines))
-  hosts = sorted({json.dumps(r["host"], sort_keys=True) for r in runs if r.get("host")})
   summary = {"command": meta["command"], "rebuilt_by": command,
              "commit": (meta.get("code") or {}).get("commit"),
-             "hosts": [json.loads(h) for h in hosts], "headline": headline(tables),
+             "hosts": curves_lib.hosts_of(runs), "headline": headline(tables),
              "claims": [] if plumbing else [c.summary() for c in claims],
              "readings": choice, "plumbing": plumbing}
   (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
