@@ -32,10 +32,12 @@ class RunConfig:
     seed: parameter initialisation and batch stream.
     mode: pipeline emulation, one of ``pipeline_sim.MODES``.
     schedule: ``"1f1b"`` (PipeDream: stage k lags ``P - 1 - k`` updates) or ``"2bw"``
-      (PipeDream-2BW: every stage one update, whatever P; emulated, mode ``weight_stashing``).
+      (PipeDream-2BW: every stage one update, whatever P; mode ``weight_stashing``; on devices
+      each batch is split into P micro-batches, so ``batch_size`` must be a multiple of P).
     execution: ``"emulated"`` (one program computes every stage: ``pipeline_sim.Pipeline``) or
-      ``"devices"`` (P stages on P devices, 1F1B with ``ppermute``: ``pipeline_sim.DevicePipeline``,
-      modes ``weight_stashing`` and ``no_stashing``). Same trajectory to float round-off.
+      ``"devices"`` (P stages on P devices, 1F1B or 2BW with ``ppermute``:
+      ``pipeline_sim.DevicePipeline``, modes ``weight_stashing`` and ``no_stashing``). Same
+      trajectory to float round-off.
     model: key of ``experiments.model.CONFIGS``.
     num_blocks: overrides the named model's block count (model-size scaling); ``None`` keeps it.
     context: overrides the named model's context length; ``None`` keeps it.
@@ -150,9 +152,12 @@ class RunConfig:
       raise ValueError(f"unknown mode {self.mode!r}; choose from {ps.MODES}")
     if self.schedule not in ps.SCHEDULES:
       raise ValueError(f"unknown schedule {self.schedule!r}; choose from {ps.SCHEDULES}")
-    if self.schedule == "2bw" and (self.mode != "weight_stashing" or self.execution != "emulated"):
-      raise ValueError(f"schedule '2bw' runs emulated with mode 'weight_stashing' (its two weight "
-                       f"versions are the stash), got mode {self.mode!r}, execution {self.execution!r}")
+    if self.schedule == "2bw" and self.mode != "weight_stashing":
+      raise ValueError(f"schedule '2bw' needs mode 'weight_stashing' (its two weight versions are the "
+                       f"stash), got mode {self.mode!r}")
+    if self.schedule == "2bw" and self.execution == "devices" and self.batch_size % self.stages:
+      raise ValueError(f"schedule '2bw' on devices splits each batch into P = {self.stages} "
+                       f"micro-batches: batch_size={self.batch_size} is not a multiple of {self.stages}")
     if self.execution not in EXECUTIONS:
       raise ValueError(f"unknown execution {self.execution!r}; choose from {EXECUTIONS}")
     if self.execution == "devices" and self.fsdp:

@@ -68,7 +68,7 @@ def build(config: RunConfig, ds: Dataset, devices=None):
   if config.execution == "devices":
     pipe = ps.DevicePipeline(_staged(config, cfg), methods.stage_optimizers(config),
                              model_lib.stage_labels(params, config.stages), mode=config.mode,
-                             mesh=ps.pipeline_mesh(config.stages, devices))
+                             mesh=ps.pipeline_mesh(config.stages, devices), schedule=config.schedule)
     example = ds.batch(config.seed, 0, config.batch_size, cfg.context)
     return pipe, pipe.init(params, example), graphdef, loss_fn
   pipe = pipeline_of(config, cfg, graphdef, params)
@@ -78,8 +78,8 @@ def build(config: RunConfig, ds: Dataset, devices=None):
 def _advance(pipe, state, batches, step):
   """One chunk: (state, indices of the steps that completed, their losses, their gradient norms).
 
-  The emulator completes the chunk's own steps; the device pipeline completes steps ``P - 1``
-  behind (the micro-batches still in flight finish in the next chunk or in ``_drain``)."""
+  The emulator completes the chunk's own steps; the device pipeline completes steps ``pipe.lag``
+  behind (``P - 1`` under 1F1B, one under 2BW) (the micro-batches still in flight finish in the next chunk or in ``_drain``)."""
   if isinstance(pipe, ps.DevicePipeline):
     state, out = pipe.run(state, batches)
     steps, losses, norms = (np.asarray(x) for x in out)
@@ -102,7 +102,7 @@ def _params(pipe, state):
 
 
 def _lag(pipe) -> int:
-  return pipe.num_stages - 1 if isinstance(pipe, ps.DevicePipeline) else 0
+  return pipe.lag if isinstance(pipe, ps.DevicePipeline) else 0
 
 
 def check_identity(run_dir: pathlib.Path, ident: dict) -> None:

@@ -24,10 +24,23 @@ micro-batch m's gradient as its m-th update. The two compute the same trajectory
 it to float64 round-off); only the bookkeeping differs. A stage recomputes its forward at its
 backward (rematerialisation at stage boundaries), so only stage inputs are kept in flight.
 
-Streams and lag: ``run`` feeds a chunk of C micro-batches (2C phases) and returns the C micro-batches
-that *completed* during it (stage 0's backward done): micro-batches ``c0 - P + 1 .. c0 + C - P``.
-``finish`` drains the pipeline (stage 0 takes no more input) and returns the rest; after it every
-stage has applied every micro-batch, as the emulator after the same number of steps.
+PipeDream-2BW (``schedule="2bw"``; Narayanan et al., 2021, docs/algorithms.md section 1): the same
+1F1B phases over a stream of micro-batches, M >= P of them per batch (``micro_batches``, default P),
+each a contiguous 1/M of the batch's rows. Every micro-batch of batch t runs its forward and
+backward on the stage's version ``W_{t-1}`` (``W_0`` for t = 0); the stage sums their gradients and
+applies the batch's mean gradient once, at the backward of the batch's last micro-batch: update t
+applies the gradient at ``W_{t-1}`` to ``W_t``, a delay of one update at every stage whatever P. A
+stage keeps two versions (its current weights and the previous ones) and a gradient accumulator;
+with M >= P the version a micro-batch needs is always one of the two (batch t's first forward at
+stage k comes after the backward of micro-batch ``tM - P + k``, which completes batch t - 2's update
+since ``tM - P + k >= (t - 1)M - 1``). With a mean loss over the batch this is the emulator's
+``Pipeline(..., schedule="2bw")`` step for step. At P = 1 there is no pipeline: 2BW is synchronous.
+
+Streams and lag: ``run`` feeds a chunk of C batches (one micro-batch each under 1F1B, M under 2BW;
+2CM phases) and returns the C batches that *completed* during it (stage 0's last backward done):
+batches ``c0 - lag .. c0 + C - 1 - lag``, with ``lag = P - 1`` under 1F1B and 1 under 2BW (0 at
+P = 1). ``finish`` drains the pipeline (stage 0 takes no more input) and returns the rest; after it
+every stage has applied every batch, as the emulator after the same number of steps.
 """
 
 from __future__ import annotations
@@ -117,18 +130,27 @@ class DevicePipelineState(NamedTuple):
   axes sharded over ``(stage, data)``: device ``(k, d)`` holds entry ``[k, d]`` only."""
 
   phase: jax.Array  # int32 (): phases run so far (two per micro-batch in steady state).
-  fed: jax.Array  # int32 (): micro-batches stage 0 has taken in.
-  start: jax.Array  # int32 (): first micro-batch since the last flush (0 for one unbroken stream).
-  carry: dict  # dtype name -> (P, D, L): stage k's (params, optimizer state, weight stash), packed.
+  fed: jax.Array  # int32 (): batches stage 0 has taken in (micro-batches under 1F1B).
+  start: jax.Array  # int32 (): first batch since the last flush (0 for one unbroken stream).
+  carry: dict  # dtype name -> (P, D, L): stage k's (params, optimizer state, stash), packed; the
+  #   stash is 1F1B's ring of tau_k + 1 weight versions, or 2BW's ``TwoVersions``.
   inbox: Any  # message tree, leaves (P, D, P, *local): inputs of micro-batches in flight, slot m % (tau_k+1).
   fwd: Any  # message tree, leaves (P, D, *local): what each stage received from stage k - 1.
   bwd: Any  # activation tree, leaves (P, D, *local): the cotangent each stage received from stage k + 1.
-  pending: jax.Array  # float (2, P): loss and squared gradient norm so far of the P - 1 micro-batches in
-  #   flight after the last call (from ``phase // 2 - P + 1`` on; the last entry stays 0).
+  pending: jax.Array  # float (2, lag * M): loss and squared gradient norm so far of the micro-batches
+  #   of the ``lag`` batches in flight after the last call (from micro-batch ``phase // 2 - lag * M`` on).
+
+
+class TwoVersions(NamedTuple):
+  """PipeDream-2BW's per-stage stash (beside the stage's current weights ``W_n``)."""
+
+  previous: Any  # the stage's weights W_{n-1} (W_0 while n = 0), its parameters' shapes and dtypes.
+  grad_sum: Any  # the sum of the current batch's micro-batch gradients, the parameters' shapes.
+  updates: jax.Array  # int32 (): n, the updates this stage has applied.
 
 
 class DevicePipeline:
-  """PipeDream 1F1B across the devices of a ``(stage, data)`` mesh; ``init``, ``run``, ``finish``.
+  """PipeDream 1F1B or 2BW across the devices of a ``(stage, data)`` mesh; ``init``, ``run``, ``finish``.
 
   Args:
     staged: the model as P stage functions; every stage but the last must return activations of one
@@ -136,8 +158,12 @@ class DevicePipeline:
     optimizer: one ``optax.GradientTransformation`` (P copies: each stage's own over its leaves, as
       ``Pipeline``) or a sequence of P (per-stage optimizers).
     labels: stage index of every parameter leaf (P = ``max(labels) + 1``).
-    mode: ``"weight_stashing"`` or ``"no_stashing"`` (``DEVICE_MODES``).
+    mode: ``"weight_stashing"`` or ``"no_stashing"`` (``DEVICE_MODES``; 2BW: ``"weight_stashing"``).
     mesh: a ``(stage, data)`` mesh with P entries on ``stage`` (default ``pipeline_mesh(P)``).
+    schedule: ``"1f1b"`` (a batch is one micro-batch; stage k lags ``P - 1 - k`` updates) or
+      ``"2bw"`` (PipeDream-2BW, see the module docstring: every stage one update behind).
+    micro_batches: 2BW's micro-batches per batch, M >= P (default P); the batch size must be a
+      multiple of M times the ``data`` devices. 1F1B: 1 (its batch is the micro-batch).
 
   Data parallelism: each of the D devices of a stage runs the stage functions on its contiguous
   1/D of the micro-batch, and losses and gradients are averaged over them. A loss that is a mean
@@ -151,15 +177,28 @@ class DevicePipeline:
     state = pipe.init(params, first_micro_batch)
     for chunk in chunks:  # leaves (C, batch, ...)
       state, (steps, losses, grad_norms) = pipe.run(state, chunk)  # -1 where none completed
-    state, (steps, losses, grad_norms) = pipe.finish(state)  # the last P - 1
+    state, (steps, losses, grad_norms) = pipe.finish(state)  # the last lag batches
     params = pipe.params(state)  # = the emulator's after the same micro-batches
   """
 
   def __init__(self, staged: Staged, optimizer, labels, mode: str = "weight_stashing",
-               mesh: Mesh | None = None):
+               mesh: Mesh | None = None, schedule: str = "1f1b", micro_batches: int | None = None):
     if mode not in DEVICE_MODES:
       raise ValueError(f"unknown device pipeline mode {mode!r}; choose from {DEVICE_MODES}")
     num_stages = num_stages_of(labels)
+    self.delays = stage_delays(num_stages, schedule)  # checks the schedule
+    if schedule == "2bw" and mode != "weight_stashing":
+      raise ValueError(f"schedule '2bw' needs mode 'weight_stashing' (its two weight versions are "
+                       f"the stash), got mode {mode!r}")
+    if schedule == "1f1b" and micro_batches not in (None, 1):
+      raise ValueError(f"micro_batches={micro_batches!r} needs schedule '2bw' (a 1F1B batch is one "
+                       "micro-batch)")
+    if micro_batches is None:
+      micro_batches = num_stages if schedule == "2bw" else 1
+    if schedule == "2bw" and (isinstance(micro_batches, bool) or not isinstance(micro_batches, int)
+                              or micro_batches < num_stages):
+      raise ValueError(f"2BW needs micro_batches >= P = {num_stages} (an int), got {micro_batches!r}: "
+                       "with fewer, a micro-batch's version W(t - 1) is not there yet")
     if len(staged.stage_fns) != num_stages:
       raise ValueError(f"got {len(staged.stage_fns)} stage functions for {num_stages} stages")
     optimizer = stage_optimizers(optimizer, num_stages)
@@ -169,27 +208,51 @@ class DevicePipeline:
                        f"{STAGE!r}; got {dict(self.mesh.shape)}")
     self.staged, self.labels, self.mode = staged, labels, mode
     self.optimizers, self.num_stages = tuple(optimizer), num_stages
-    self.delays = stage_delays(num_stages)
+    self.schedule, self.micro_batches = schedule, micro_batches
+    self._in_flight = stage_delays(num_stages)  # 1F1B over micro-batches: stage k's ring of inputs
+    self.lag = -(-(num_stages - 1) // micro_batches)  # batches in flight after a call
     self._run = jax.jit(self._run_impl, donate_argnums=0)
 
   # ---- set-up ----------------------------------------------------------------------------------
 
   def _stage_carry(self, k, part):
-    stash = rb.ring_init(part, self.delays[k] + 1) if self.mode == "weight_stashing" else None
+    if self.schedule == "2bw":
+      stash = TwoVersions(part, jax.tree.map(jnp.zeros_like, part), jnp.zeros((), jnp.int32))
+    elif self.mode == "weight_stashing":
+      stash = rb.ring_init(part, self._in_flight[k] + 1)
+    else:
+      stash = None
     return part, self.optimizers[k].init(part), stash
 
+  def _stash_bytes_of(self, stash) -> int:
+    if isinstance(stash, TwoVersions):
+      return rb.tree_bytes((stash.previous, stash.grad_sum))
+    return 0 if stash is None else rb.tree_bytes(stash)
+
+  def _weights(self, k, params, stash, m, forward: bool):
+    """The weights stage k's forward (or backward) of micro-batch m runs on."""
+    if self.schedule == "2bw":  # W_{t-1} for batch t (W_t at P = 1): the current or the previous
+      t = m // self.micro_batches
+      needed = jnp.maximum(t - self.delays[k], 0)
+      return jax.tree.map(lambda cur, prev: jnp.where(stash.updates > needed, prev, cur),
+                          params, stash.previous)
+    if stash is None or forward:
+      return params
+    return rb.ring_read(stash, m % (self._in_flight[k] + 1))
+
   def init(self, params, example_batch) -> DevicePipelineState:
-    """The pipeline state for ``params``; ``example_batch`` is one micro-batch (shapes only)."""
+    """The pipeline state for ``params``; ``example_batch`` is one batch (shapes only)."""
     check_labels(params, self.labels, self.num_stages)
-    n_data = self.mesh.shape[DATA]
+    n_data, per = self.mesh.shape[DATA], self.micro_batches
     for x in jax.tree.leaves(example_batch):
-      if x.shape[0] % n_data:
+      if x.shape[0] % (n_data * per):
         raise ValueError(f"batch size {x.shape[0]} is not divisible by the {n_data} devices of the "
-                         f"{DATA!r} axis")
+                         f"{DATA!r} axis" + (f" times {per} micro-batches" if per > 1 else ""))
+    example_batch = jax.tree.map(lambda x: x[:x.shape[0] // per], example_batch)  # one micro-batch
     parts = split_stages(params, self.labels, self.num_stages)
     shapes = [jax.eval_shape(lambda p, k=k: self._stage_carry(k, p), part) for k, part in enumerate(parts)]
     self._layouts = [_layout(c) for c in shapes]
-    self._stash_bytes = tuple(rb.tree_bytes(c[2]) if c[2] is not None else 0 for c in shapes)
+    self._stash_bytes = tuple(self._stash_bytes_of(c[2]) for c in shapes)
     self._grad_layouts = [_layout(p) for p in parts]
     self._widths, self._grad_widths = _widths(self._layouts), _widths(self._grad_layouts)
     local_batch = jax.tree.map(
@@ -222,7 +285,8 @@ class DevicePipeline:
     scalar = lambda: jax.device_put(jnp.zeros((), jnp.int32), whole)
     return DevicePipelineState(scalar(), scalar(), scalar(), carry, zeros(self._message, (pk,)),
                                zeros(self._message), zeros(act),
-                               jax.device_put(jnp.zeros((2, pk), jnp.result_type(float)), whole))
+                               jax.device_put(jnp.zeros((2, self.lag * per), jnp.result_type(float)),
+                                              whole))
 
   def _state_shardings(self, state):
     device = NamedSharding(self.mesh, P(STAGE, DATA))
@@ -245,25 +309,25 @@ class DevicePipeline:
     def forward(k):
       def branch(carry, inbox, fwd, bwd, batch, m):
         params, opt_state, stash = _unpack(carry, self._layouts[k])
-        slot = m % (self.delays[k] + 1)
+        slot = m % (self._in_flight[k] + 1)
         message = (zeros(self._act), batch) if k == 0 else fwd
         inbox = rb.ring_write(inbox, slot, message)
-        if stash is not None:
+        if self.schedule == "1f1b" and stash is not None:  # stash the version this forward uses
           stash = rb.ring_write(stash, slot, params)
           carry = _pack((params, opt_state, stash), self._layouts[k], self._widths)
         if k == pk - 1:  # the last stage's forward is recomputed in its backward, one phase later
           out = zeros(self._message)
         else:
           x = staged.inputs_of(message[1]) if k == 0 else message[0]
-          out = (staged.stage_fns[k](params, x), message[1])
+          out = (staged.stage_fns[k](self._weights(k, params, stash, m, True), x), message[1])
         return carry, inbox, out, zeros(self._act), no_grads(), no_loss()
       return branch
 
     def backward(k):
       def branch(carry, inbox, fwd, bwd, batch, m):
         params, _, stash = _unpack(carry, self._layouts[k])
-        act, mb = rb.ring_read(inbox, m % (self.delays[k] + 1))
-        weights = params if stash is None else rb.ring_read(stash, m % (self.delays[k] + 1))
+        act, mb = rb.ring_read(inbox, m % (self._in_flight[k] + 1))
+        weights = self._weights(k, params, stash, m, False)
         f = staged.stage_fns[k]
         x = staged.inputs_of(mb) if k == 0 else act
         if k == pk - 1:
@@ -282,21 +346,47 @@ class DevicePipeline:
             _, vjp = jax.vjp(f, weights, x)
             g, cot = vjp(bwd)
         grads = _pack(g, self._grad_layouts[k], self._grad_widths)
-        return carry, inbox, zeros(self._message), cot, grads, jnp.asarray(loss, jnp.result_type(float))
+        loss = jnp.asarray(loss, jnp.result_type(float)) / self.micro_batches  # its share of the batch's
+        return carry, inbox, zeros(self._message), cot, grads, loss
       return branch
 
     return [idle] + [forward(k) for k in range(pk)] + [backward(k) for k in range(pk)]
 
   def _updates(self):
-    def idle(carry, grads):
-      return carry
+    """Per-device work after a backward: ``(carry, grads, m) -> (carry, squared norm of the gradient
+    applied)``; index 0 idle, 1 + k stage k's (2BW: accumulate, and apply at a batch's last)."""
+    no_norm = lambda: jnp.zeros((), jnp.result_type(float))
+    sq_norm = lambda tree: sum((jnp.sum(jnp.square(x.astype(no_norm().dtype))) for x in jax.tree.leaves(tree)),
+                               no_norm())
+
+    def idle(carry, grads, m):
+      return carry, no_norm()
 
     def update(k):
-      def branch(carry, grads):
+      def apply(params, opt_state, g):
+        updates, opt_state = self.optimizers[k].update(g, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+      def branch(carry, grads, m):
         params, opt_state, stash = _unpack(carry, self._layouts[k])
         g = _unpack(grads, self._grad_layouts[k])
-        updates, opt_state = self.optimizers[k].update(g, opt_state, params)
-        return _pack((optax.apply_updates(params, updates), opt_state, stash), self._layouts[k], self._widths)
+        if self.schedule == "1f1b":
+          params, opt_state = apply(params, opt_state, g)
+          return _pack((params, opt_state, stash), self._layouts[k], self._widths), sq_norm(g)
+        grad_sum = jax.tree.map(jnp.add, stash.grad_sum, g)
+
+        def last(_):  # the batch's mean gradient (at W_{t-1}) updates W_t; W_t becomes the previous
+          mean = jax.tree.map(lambda x: x / self.micro_batches, grad_sum)
+          new, state = apply(params, opt_state, mean)
+          zero = jax.tree.map(jnp.zeros_like, grad_sum)
+          return (new, state, TwoVersions(params, zero, stash.updates + 1)), sq_norm(mean)
+
+        def more(_):
+          return (params, opt_state, stash._replace(grad_sum=grad_sum)), no_norm()
+
+        is_last = m % self.micro_batches == self.micro_batches - 1
+        carry_tree, norm = jax.lax.cond(is_last, last, more, None)
+        return _pack(carry_tree, self._layouts[k], self._widths), norm
       return branch
 
     return [idle] + [update(k) for k in range(self.num_stages)]
@@ -328,8 +418,7 @@ class DevicePipeline:
       carry, inbox, out, cot, grads, loss = jax.lax.switch(index, branches, carry, inbox, fwd, bwd, batch, m)
       grads, loss = jax.lax.pmean((grads, loss), DATA)
       is_backward = valid & ~is_forward
-      carry = jax.lax.switch(jnp.where(is_backward, 1 + k, 0), updates, carry, grads)
-      sq_norm = sum(jnp.sum(jnp.square(g.astype(loss.dtype))) for g in grads.values())
+      carry, sq_norm = jax.lax.switch(jnp.where(is_backward, 1 + k, 0), updates, carry, grads, m)
       if pk > 1:  # u is the same on every device, so every device takes the same branch
         fwd, bwd = jax.lax.cond(u % 2 == 0, send(0), send(1), out, cot)
       return (carry, inbox, fwd, bwd), (jnp.where(is_backward, m, -1), loss, sq_norm)
@@ -340,46 +429,52 @@ class DevicePipeline:
     return expand(state) + (expand(record),)
 
   def _run_impl(self, state: DevicePipelineState, batches, feed):
-    pk = self.num_stages
+    per, lag = self.micro_batches, self.lag
     num_chunk = jax.tree.leaves(batches)[0].shape[0]
     limit = state.fed + jnp.where(feed, num_chunk, 0).astype(jnp.int32)
+    # (C, batch, ...) -> (C * M, batch / M, ...): micro-batch j of batch c is its j-th 1/M of the rows
+    micro = jax.tree.map(lambda x: x.reshape(num_chunk * per, x.shape[1] // per, *x.shape[2:]), batches)
     device, whole = P(STAGE, DATA), P()
-    batch_spec = jax.tree.map(lambda _: P(None, DATA), batches)
+    batch_spec = jax.tree.map(lambda _: P(None, DATA), micro)
     specs = (jax.tree.map(lambda _: device, state.carry), jax.tree.map(lambda _: device, state.inbox),
              jax.tree.map(lambda _: device, state.fwd), jax.tree.map(lambda _: device, state.bwd))
     program = jax.shard_map(
         self._device_program, mesh=self.mesh, in_specs=specs + (batch_spec, whole, whole, whole, whole),
         out_specs=specs + ((device, device, device),), check_vma=False)
     carry, inbox, fwd, bwd, (ms, losses, sq_norms) = program(
-        state.carry, state.inbox, state.fwd, state.bwd, batches, state.phase, state.fed, state.start, limit)
-    # Gather each micro-batch's loss (last stage) and squared gradient norm (all stages) in a window
-    # over the micro-batches that complete in this call and the P - 1 still in flight after it.
-    base = state.phase // 2 - (pk - 1)
+        state.carry, state.inbox, state.fwd, state.bwd, micro, state.phase, state.fed * per,
+        state.start * per, limit * per)
+    # Gather each micro-batch's share of its batch's loss (last stage) and squared norm of the
+    # gradients applied (all stages) in a window over the micro-batches of the C batches that
+    # complete in this call and of the ``lag`` still in flight after it; a batch sums its M entries.
+    pk, span = self.num_stages, (num_chunk + lag) * per
+    base = state.phase // 2 - lag * per
     ms, losses, sq_norms = ms[:, 0], losses[:, 0], sq_norms[:, 0]  # data replicas agree
-    idx = jnp.where(ms >= 0, ms - base, num_chunk + pk)  # out of range: dropped
-    window = jnp.zeros((2, num_chunk + pk), state.pending.dtype).at[:, :pk].set(state.pending)
+    idx = jnp.where(ms >= 0, ms - base, span)  # out of range: dropped
+    window = jnp.zeros((2, span), state.pending.dtype).at[:, :lag * per].set(state.pending)
     is_last = (jnp.arange(pk) == pk - 1)[:, None]
     window = window.at[0, idx].add(jnp.where(is_last, losses, 0.0), mode="drop")
     window = window.at[1, idx].add(sq_norms, mode="drop")
-    steps = base + jnp.arange(num_chunk, dtype=jnp.int32)
+    totals = window[:, :num_chunk * per].reshape(2, num_chunk, per).sum(-1)
+    steps = state.phase // (2 * per) - lag + jnp.arange(num_chunk, dtype=jnp.int32)
     done = (steps >= state.start) & (steps < limit)
-    out = (jnp.where(done, steps, -1), jnp.where(done, window[0, :num_chunk], jnp.nan),
-           jnp.where(done, jnp.sqrt(window[1, :num_chunk]), jnp.nan))
-    new = DevicePipelineState(state.phase + 2 * num_chunk, limit, state.start, carry, inbox, fwd, bwd,
-                              window[:, num_chunk:])
+    out = (jnp.where(done, steps, -1), jnp.where(done, totals[0], jnp.nan),
+           jnp.where(done, jnp.sqrt(totals[1]), jnp.nan))
+    new = DevicePipelineState(state.phase + 2 * num_chunk * per, limit, state.start, carry, inbox, fwd,
+                              bwd, window[:, num_chunk * per:])
     return new, out
 
   # ---- public ----------------------------------------------------------------------------------
 
   def run(self, state: DevicePipelineState, batches):
-    """Feeds a chunk of C micro-batches (leaves ``(C, batch, ...)``).
+    """Feeds a chunk of C batches (leaves ``(C, batch, ...)``).
 
     Returns:
-      ``(state, (steps, losses, grad_norms))``: the C micro-batch indices that completed in this call
-      (``fed - P + 1 .. fed + C - P``), the loss each observed and the global norm of its gradient
-      (all stages). Entries that completed no micro-batch (the pipeline fill, at the start and after
-      ``finish``, whose micro-batches ``finish`` already returned) have index -1 and NaN: keep
-      ``steps >= 0``.
+      ``(state, (steps, losses, grad_norms))``: the C batch indices that completed in this call
+      (``fed - lag .. fed + C - 1 - lag``), the loss each observed (under 2BW the mean of its
+      micro-batches' losses) and the global norm of the gradient its update applied (all stages).
+      Entries that completed no batch (the pipeline fill, at the start and after ``finish``, whose
+      batches ``finish`` already returned) have index -1 and NaN: keep ``steps >= 0``.
 
     Like ``Pipeline.run``, this consumes ``state`` (its buffers are donated): use the one returned.
     """
@@ -394,21 +489,22 @@ class DevicePipeline:
 
   def finish(self, state: DevicePipelineState):
     """Flushes the pipeline: the ``2(P - 1)`` phases in which stage 0 takes no input and the
-    micro-batches in flight complete. Returns ``(state, (steps, losses, grad_norms))`` of those
-    micro-batches (NumPy). Every stage has then applied every micro-batch; a later ``run`` starts a
-    new fill, as a synchronous pipeline does after its flush (PipeDream-Flush, GPipe)."""
+    micro-batches in flight complete. Returns ``(state, (steps, losses, grad_norms))`` of the
+    batches they complete (NumPy). Every stage has then applied every batch; a later ``run`` starts
+    a new fill, as a synchronous pipeline does after its flush (PipeDream-Flush, GPipe)."""
     fed = int(state.fed)
-    if self.num_stages == 1 or fed == int(state.start):  # nothing in flight
+    if self.lag == 0 or fed == int(state.start):  # nothing in flight
       return state, (np.zeros(0, np.int32), np.zeros(0), np.zeros(0))
     # The drain runs the chunk's own program (one compile per run): its phases past the 2(P - 1)
     # that complete the micro-batches in flight find no valid micro-batch and idle.
-    length = max(self.num_stages - 1, jax.tree.leaves(self._template)[0].shape[0])
+    length = max(self.lag, jax.tree.leaves(self._template)[0].shape[0])
     drain = jax.tree.map(lambda s: jnp.zeros((length, *s.shape[1:]), s.dtype), self._template)
     state, out = self._run(state, drain, False)  # relabelled by the device_put below
     steps, losses, norms = (np.asarray(x) for x in out)
     keep = (steps >= int(state.start)) & (steps < fed)
     fresh = jnp.asarray(fed, jnp.int32)
-    state = state._replace(phase=2 * fresh, start=fresh, pending=jnp.zeros_like(state.pending))
+    state = state._replace(phase=2 * self.micro_batches * fresh, start=fresh,
+                           pending=jnp.zeros_like(state.pending))
     return jax.device_put(state, self._state_shardings(state)), (steps[keep], losses[keep], norms[keep])
 
   def lower(self, state: DevicePipelineState, batches):
@@ -416,8 +512,9 @@ class DevicePipeline:
     return self._run.lower(state, batches, True)
 
   def buffer_bytes(self, state: DevicePipelineState) -> int:
-    """Bytes of the weight stash over all stages (as ``Pipeline.buffer_bytes``: ``tau_k + 1``
-    versions of stage k), each stage's on its own devices."""
+    """Bytes of the weight stash over all stages, each stage's on its own devices: 1F1B's ``tau_k + 1``
+    versions of stage k (as ``Pipeline.buffer_bytes``); 2BW's previous version and gradient
+    accumulator (two stage-sized buffers, as the emulator's two versions)."""
     del state
     return int(sum(self._stash_bytes))
 

@@ -36,23 +36,47 @@ def device_run(pipe, params):
   return state, steps + list(s), losses + list(l), norms + list(n)
 
 
+def delayed_loop(opt, staged, labels, params, delay):
+  # A plain optax loop: update t applies the gradient of batch t at the weights of update t - delay.
+  loss = lambda p, b: staged.loss(ps.split_stages(p, labels, len(staged.stage_fns)), b)
+  state, history, losses = opt.init(params), [params], []
+  for t in range(M):
+    at = history[max(0, t - delay)]
+    value, g = jax.value_and_grad(loss)(at, (xs[t], ys[t]))
+    updates, state = opt.update(g, state, history[-1])
+    history.append(optax.apply_updates(history[-1], updates))
+    losses.append(float(value))
+  return history[-1], losses
+
+
 got = {}
-cases = [("adam-ws-P4", 4, 1, "weight_stashing", "adam"),
-         ("adam-ws-P3", 3, 1, "weight_stashing", "adam"), ("adam-ws-P2xD2", 2, 2, "weight_stashing", "adam"),
-         ("rotation-ns-P4", 4, 1, "no_stashing", "rotation")]
-for name, num_stages, n_data, mode, opt_name in cases:
+cases = [("adam-ws-P4", 4, 1, "weight_stashing", "adam", "1f1b", None),
+         ("adam-ws-P3", 3, 1, "weight_stashing", "adam", "1f1b", None),
+         ("adam-ws-P2xD2", 2, 2, "weight_stashing", "adam", "1f1b", None),
+         ("rotation-ns-P4", 4, 1, "no_stashing", "rotation", "1f1b", None),
+         ("adam-2bw-P4", 4, 1, "weight_stashing", "adam", "2bw", None),
+         ("adam-2bw-P3-M8", 3, 1, "weight_stashing", "adam", "2bw", 8),
+         ("adam-2bw-P2xD2", 2, 2, "weight_stashing", "adam", "2bw", 2),
+         ("rotation-2bw-P4", 4, 1, "weight_stashing", "rotation", "2bw", None),
+         ("adam-2bw-P1-M4", 1, 1, "weight_stashing", "adam", "2bw", 4)]
+for name, num_stages, n_data, mode, opt_name, schedule, micro in cases:
   params, labels, staged = model(num_stages)
   opt = optax.adam(3e-2) if opt_name == "adam" else rotation.basis_rotation(3e-2, refresh_every=3)
-  emu = ps.Pipeline(None, opt, labels, mode=mode, staged=staged, grad_norms=True)
+  emu = ps.Pipeline(None, opt, labels, mode=mode, staged=staged, grad_norms=True, schedule=schedule)
   st, (l_emu, n_emu) = emu.run(emu.init(params), (xs, ys))
   mesh = ps.pipeline_mesh(num_stages, jax.devices()[:num_stages * n_data])
-  pipe = ps.DevicePipeline(staged, opt, labels, mode=mode, mesh=mesh)
+  pipe = ps.DevicePipeline(staged, opt, labels, mode=mode, mesh=mesh, schedule=schedule,
+                           micro_batches=micro)
   state, steps, losses, norms = device_run(pipe, params)
   final = pipe.params(state)
-  vs_sync = None
-  if name in ("adam-ws-P4", "rotation-ns-P4"):  # the delays matter: equality is not trivial
+  vs_sync = vs_loop = None
+  if name in ("adam-ws-P4", "rotation-ns-P4", "adam-2bw-P4"):  # the delays matter: equality is not trivial
     sync = ps.Pipeline(lambda p, b: staged.loss([p], b), opt, {k: 0 for k in labels})
     vs_sync = float(np.max(np.abs(np.array(losses) - np.asarray(sync.run(sync.init(params), (xs, ys))[1]))))
+  if schedule == "2bw":  # against a plain loop with the schedule's delay (one; none at P = 1)
+    w, loop_losses = delayed_loop(opt, staged, labels, params, 1 if num_stages > 1 else 0)
+    vs_loop = max(float(np.max(np.abs(np.array(losses) - np.array(loop_losses)))),
+                  max(float(jnp.max(jnp.abs(final[k] - w[k]))) for k in params))
   carry = next(iter(state.carry.values()))
   chunk = (xs[:CHUNK], ys[:CHUNK])
   moved = collective_bytes(jax.make_jaxpr(pipe._run_impl, static_argnums=2)(state, chunk, True))
@@ -63,7 +87,7 @@ for name, num_stages, n_data, mode, opt_name in cases:
       "loss": float(np.max(np.abs(np.array(losses) - np.asarray(l_emu)))),
       "norm": float(np.max(np.abs(np.array(norms) - np.asarray(n_emu)))),
       "params": max(float(jnp.max(jnp.abs(final[k] - st.params[k]))) for k in params),
-      "vs_sync": vs_sync,
+      "vs_sync": vs_sync, "vs_loop": vs_loop, "programs": pipe._run._cache_size(),
       "shards": sorted({tuple(s.data.shape) for s in carry.addressable_shards}),
       "carry_shape": list(carry.shape),
       "stash": pipe.memory(state)["stash_per_stage"], "buffer_bytes": pipe.buffer_bytes(state),
@@ -131,7 +155,13 @@ for make in (lambda: ps.pipeline_mesh(3, jax.devices()[:4]),
              lambda: ps.DevicePipeline(staged, optax.adam(1e-3), labels,
                                        mesh=ps.pipeline_mesh(4, jax.devices()[:4])),
              lambda: ps.DevicePipeline(staged, optax.adam(1e-3), labels, mesh=ps.pipeline_mesh(
-                 2, jax.devices()[:4])).init(params, (xs[0, :3], ys[0, :3]))):
+                 2, jax.devices()[:4])).init(params, (xs[0, :3], ys[0, :3])),
+             lambda: ps.DevicePipeline(staged, optax.adam(1e-3), labels, schedule="gpipe"),
+             lambda: ps.DevicePipeline(staged, optax.adam(1e-3), labels, mode="no_stashing", schedule="2bw"),
+             lambda: ps.DevicePipeline(staged, optax.adam(1e-3), labels, schedule="2bw", micro_batches=1),
+             lambda: ps.DevicePipeline(staged, optax.adam(1e-3), labels, micro_batches=2),
+             lambda: ps.DevicePipeline(staged, optax.adam(1e-3), labels, schedule="2bw", micro_batches=3,
+                                       mesh=ps.pipeline_mesh(2, jax.devices()[:2])).init(params, (xs[0], ys[0]))):
   try:
     make()
     errors.append("")
@@ -208,8 +238,39 @@ def test_batch_mean_products_are_per_data_shard_on_devices(got):
 
 
 def test_bad_layouts_are_refused(got):
-  mesh, mode, stages, batch = got["errors"]
+  mesh, mode, stages, batch, schedule, no_stash, too_few, not_2bw, split = got["errors"]
   assert "4 devices cannot hold 3 pipeline stages" in mesh
   assert "unknown device pipeline mode 'stale_gradients'" in mode
   assert "with 2 entries on 'stage'" in stages
   assert "batch size 3 is not divisible by the 2 devices" in batch
+  assert "unknown pipeline schedule 'gpipe'" in schedule
+  assert "schedule '2bw' needs mode 'weight_stashing'" in no_stash and "'no_stashing'" in no_stash
+  assert "micro_batches >= P = 2" in too_few and "got 1" in too_few
+  assert "micro_batches=2 needs schedule '2bw'" in not_2bw
+  assert "batch size 8 is not divisible by the 1 devices of the 'data' axis times 3 micro-batches" in split
+
+
+def test_2bw_equals_the_emulator_and_a_one_step_delayed_loop_in_float64(got):
+  # Every micro-batch of batch t runs on W(t - 1), the stage accumulates the batch's gradient and
+  # applies it once: the emulator's 2BW step and a plain loop whose update t applies the gradient at
+  # W(t - 1), to float64 round-off, with M = P, M > P and data parallelism.
+  for name in ("adam-2bw-P4", "adam-2bw-P3-M8", "adam-2bw-P2xD2", "adam-2bw-P1-M4"):
+    r = got[name]
+    assert r["steps"] == list(range(8)), name  # every batch completes once, in order
+    assert r["loss"] < 1e-12 and r["norm"] < 1e-12 and r["params"] < 1e-12, (name, r)
+    assert r["vs_loop"] < 1e-12, (name, r)
+    assert r["programs"] == 1, name  # one compile for the runs and the drain
+  assert got["adam-2bw-P4"]["vs_sync"] > 1e-3  # one update behind is not synchronous
+  r = got["rotation-2bw-P4"]  # rotation's eigendecompositions amplify round-off (as above)
+  assert r["steps"] == list(range(8)) and r["loss"] < 1e-6 and r["params"] < 1e-6 and r["vs_loop"] < 1e-6, r
+
+
+def test_2bw_keeps_two_versions_and_moves_m_micro_batches_per_batch(got):
+  for name, micro in (("adam-2bw-P4", 4), ("adam-2bw-P3-M8", 8), ("adam-2bw-P2xD2", 2)):
+    r = got[name]
+    n_data = 2 if name.endswith("D2") else 1
+    # the previous version and the gradient accumulator: two copies of a stage's 30 float64 weights,
+    # as the emulator's two versions (1F1B's ring holds P - k)
+    assert r["stash"] == [2 * 30 * 8] * len(r["stash"]), (name, r)
+    assert r["buffer_bytes"] == r["emulator_buffer_bytes"], (name, r)
+    assert r["moved_per_micro_batch"] == micro * r["live_bytes"] * n_data, (name, r)

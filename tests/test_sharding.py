@@ -25,6 +25,11 @@ for (method, n), config in runs_.items():
 dev = runs.train(dataclasses.replace(base, execution="devices"), ds, out / "devices")
 log = [json.loads(l) for l in (out / "devices" / "metrics.jsonl").read_text().splitlines()]
 got["device_run"] = {"losses": dev["losses"], "val": dev["val_losses"], "log_steps": [r["step"] for r in log]}
+two = dataclasses.replace(base, schedule="2bw")  # PipeDream-2BW: emulated, and on 2 x 2 devices
+emu2 = runs.train(two, ds, out / "2bw", devices=jax.devices()[:1])
+dev2 = runs.train(dataclasses.replace(two, execution="devices"), ds, out / "2bw-devices")
+got["2bw"] = {"emulated": emu2["losses"], "devices": dev2["losses"], "1f1b": got["pipedream"]["1"],
+              "val": [emu2["val_losses"][-1], dev2["val_losses"][-1]]}
 pipe, state, _, _ = runs.build(base, ds)  # does an FSDP state stay sharded through a chunk?
 after, _ = pipe.run(ps.fsdp(state, ps.data_mesh()), ds.batches(0, 0, 10, 4, 32))
 kernel = [x for x in jax.tree.leaves(after.params) if x.ndim == 2 and x.shape[0] % 4 == 0][0]
@@ -75,3 +80,13 @@ def test_a_run_on_the_device_pipeline_equals_the_emulated_run(got):
   assert diff < 1e-5, diff
   assert dev["log_steps"] == list(range(1, 21))  # every step logged once, in order, drain included
   assert abs(dev["val"][-1] - emulated["val4"][-1]) < 1e-5  # evaluated after the drain
+
+
+def test_a_2bw_run_on_devices_equals_the_emulated_2bw_run(got):
+  # --schedule 2bw --execution devices: each batch of 4 split into P = 2 micro-batches, one row
+  # per data device, gradients accumulated over the batch and applied one update late
+  r = got["2bw"]
+  assert len(r["devices"]) == len(r["emulated"]) == 20
+  assert max(abs(a - b) for a, b in zip(r["devices"], r["emulated"])) < 1e-5, r
+  assert abs(r["val"][0] - r["val"][1]) < 1e-5, r
+  assert max(abs(a - b) for a, b in zip(r["emulated"], r["1f1b"])) > 1e-4  # not 1F1B's run

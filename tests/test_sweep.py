@@ -452,3 +452,6 @@ def test_a_2bw_sweep_shares_its_p1_runs_with_1f1b_and_refuses_other_modes():
   assert identity(base.main[0], "x", 256)["config"].get("schedule") is None  # old runs keep their names
   assert cli.run(sweep.main, ["--preset", "smoke", "--schedule", "2bw", "--mode", "no_stashing",
                               "--dry-run"]) == 2
+  # on devices 2BW splits a batch into P micro-batches: a batch size P does not divide is refused
+  assert cli.run(sweep.main, ["--preset", "smoke", "--schedule", "2bw", "--execution", "devices",
+                              "--batch-size", "6", "--dry-run"]) == 2
