@@ -53,6 +53,8 @@ class RunConfig:
       that a study can measure warm-up in units of the delay.
     b2: second-moment decay of every method (Adam's moments, Nesterov's, and rotation's ``L``, ``R``
       statistics and moments).
+    b1: first-moment (momentum) decay of every method; ``None`` keeps each method's own (AdamW,
+      PipeDream-LR and rotation 0.9, Nesterov 0.99, Muon 0.95 with 0.9 for its AdamW leaves).
     warmup_start: learning rate at step 0.
     final_lr_fraction: the cosine decay's end, as a fraction of the peak.
     pipemare_fraction: PipeDream-LR's transition ``T_c`` as a fraction of ``steps`` (the paper's
@@ -102,6 +104,7 @@ class RunConfig:
   clip_norm: float = 1.0
   weight_decay: float = 0.01
   b2: float = 0.999
+  b1: float | None = None
   moe_loss_weight: float = 0.01
   refresh_every: int | None = None
   dtype: str = "float32"
@@ -128,6 +131,7 @@ class RunConfig:
     blocks += "-fsdp" if self.fsdp else ""
     blocks += f"-wu{self.warmup_steps}" if self.warmup_steps is not None else ""
     blocks += f"-b2_{self.b2:g}" if self.b2 != 0.999 else ""
+    blocks += f"-b1_{self.b1:g}" if self.b1 is not None else ""
     blocks += f"-diag{self.diagnose_every}" if self.diagnose_every else ""
     blocks += "-remat" if self.remat else ""
     blocks += f"-lc{self.loss_chunk}" if self.loss_chunk else ""
@@ -192,6 +196,8 @@ class RunConfig:
       raise ValueError(f"warmup_steps must be in [0, steps={self.steps}), got {self.warmup_steps}")
     if not 0 < self.b2 < 1:
       raise ValueError(f"b2 must be in (0, 1), got {self.b2}")
+    if self.b1 is not None and not 0 <= self.b1 < 1:
+      raise ValueError(f"b1 must be in [0, 1), got {self.b1}")
     if self.refresh_every is not None and self.refresh_every < 1:
       raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
     if self.diagnose_every is not None:
@@ -208,7 +214,8 @@ class RunConfig:
 # "not used", so that adding an option never invalidates finished runs that do not use it.
 OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False, "warmup_steps": None,
                    "b2": 0.999, "diagnose_every": None, "diagnose_steps": 16, "width": None,
-                   "remat": None, "loss_chunk": None, "schedule": "1f1b"}
+                   "remat": None, "loss_chunk": None, "schedule": "1f1b",
+                   "b1": None}
 
 
 # The model's numerics, part of every run's identity: 1 for runs made with the model's own einsum

@@ -101,24 +101,26 @@ def stage_optimizers(config) -> list[optax.GradientTransformation]:
   periods = rotation.stage_aware_refresh(delays, period, method.allocation)
 
   b2 = config.b2
+  b1 = lambda own: own if config.b1 is None else config.b1  # the method's own unless set
 
   def make(k):
     transition = max(1, int(config.pipemare_fraction * config.steps))
     if method.kind == "adamw":
-      return ps.pipedream(lr, b2=b2, weight_decay=wd)
+      return ps.pipedream(lr, b1=b1(0.9), b2=b2, weight_decay=wd)
     if method.kind == "pipemare":
-      return ps.pipedream_lr(lr, delays[k], transition, b2=b2, weight_decay=wd)
+      return ps.pipedream_lr(lr, delays[k], transition, b1=b1(0.9), b2=b2, weight_decay=wd)
     if method.kind == "nadam":
-      b1 = ps.nesterov_stage_b1(0.9, delays[k], num_stages) if method.stage_b1 else 0.99
-      return ps.nesterov(lr, b1=b1, b2=b2, weight_decay=wd)
+      own = ps.nesterov_stage_b1(0.9, delays[k], num_stages) if method.stage_b1 else 0.99
+      return ps.nesterov(lr, b1=b1(own), b2=b2, weight_decay=wd)
     if method.kind == "muon":
       dims = lambda params: jax.tree.map(
           lambda m: optax.contrib.MuonDimensionNumbers() if m else None, model_lib.rotation_mask(params))
-      return optax.contrib.muon(lr, weight_decay=wd, adam_b2=b2, adam_weight_decay=wd,
-                                muon_weight_dimension_numbers=dims, consistent_rms=0.2)
+      return optax.contrib.muon(lr, beta=b1(0.95), weight_decay=wd, adam_b1=b1(0.9), adam_b2=b2,
+                                adam_weight_decay=wd, muon_weight_dimension_numbers=dims,
+                                consistent_rms=0.2)
     bases = (jax.random.fold_in(jax.random.key(config.seed), k) if method.bases == "random" else None)
     rate = ps.pipemare_lr_schedule(lr, delays[k], transition) if method.stage_lr else lr
-    return rotation.basis_rotation(rate, b2=b2, weight_decay=wd, source=method.source,
+    return rotation.basis_rotation(rate, b1=b1(0.9), b2=b2, weight_decay=wd, source=method.source,
                                    geometry=method.geometry, refresh_every=periods[k],
                                    first_order_step=method.first_order_step,
                                    mask=model_lib.rotation_mask, bases=bases,

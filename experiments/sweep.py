@@ -71,6 +71,8 @@ def parse_args(argv=None):
                       "that every P shares one schedule)")
   parser.add_argument("--b2", type=float, help="second-moment decay of every method (default 0.999; "
                       "rotation's L, R statistics follow it)")
+  parser.add_argument("--b1", type=float, help="first-moment (momentum) decay of every method "
+                      "(default: each method's own: 0.9; Nesterov 0.99; Muon 0.95)")
   parser.add_argument("--dtype", choices=model_lib.DTYPES, help="activations and matmuls (default "
                       "float32; bfloat16 keeps float32 parameters and optimizer states)")
   parser.add_argument("--remat", help="rematerialise each Transformer block with this "
@@ -229,6 +231,8 @@ def make_preset(args) -> presets_lib.Preset:
     raise ValueError(f"--warmup-delays must be >= 0, got {args.warmup_delays}")
   if args.b2 is not None:
     over["b2"] = args.b2
+  if args.b1 is not None:
+    over["b1"] = args.b1
   if args.diagnose_every is not None:
     over["diagnose_every"] = args.diagnose_every
   if args.diagnose_steps is not None:
@@ -557,7 +561,8 @@ def study_meta(preset, ds, stages, command: str) -> dict:
   setting = [
       f"data: `{ds.name}`, {ds.num_tokens} tokens, vocabulary {ds.vocab_size}, sha256 `{ds.sha256}`",
       f"model `{t.model}`, {t.steps} steps of batch {t.batch_size}, warm-up {warmup} then cosine to "
-      f"{t.final_lr_fraction:g} x peak, b2 {t.b2:g}, PipeDream-LR T_c = {t.pipemare_fraction:.1%} of "
+      f"{t.final_lr_fraction:g} x peak, b2 {t.b2:g}, b1 "
+      f"{"each method's own" if t.b1 is None else format(t.b1, 'g')}, PipeDream-LR T_c = {t.pipemare_fraction:.1%} of "
       f"training; learning rates {dict(preset.learning_rates)}"
       + (f", tuned (second reading) {dict(preset.tuned_rates)}" if preset.tuned_rates else ""),
       f"smoothing: centred window of {2 * metrics.half_window(window) + 1} steps; a diverged or "

@@ -61,3 +61,16 @@ def test_muon_orthogonalizes_the_rotated_kernels_and_runs_adamw_elsewhere():
   assert np.all(b < 0) and np.ptp(b) == 0
   s = np.linalg.svd(np.asarray(updates["mlp"]["kernel"]), compute_uv=False)
   assert s.min() / s.max() > 0.3  # Newton-Schulz evens out the singular values (0.01 in the gradient)
+
+
+def test_b1_sets_every_methods_momentum_and_none_keeps_its_own():
+  def b1(method, **kw):  # after one step from zero the first moment of the bias "b" is (1 - b1) g
+    _, state = _first_update(method, 0, **kw)
+    mu = [x for x in jax.tree.leaves(state) if getattr(x, "shape", None) == (3,)][0]
+    return 1 - float(mu[0]) / 0.01
+  for method, own in (("pipedream", 0.9), ("nesterov", 0.99), ("rotation", 0.9), ("muon", 0.9)):
+    np.testing.assert_allclose(b1(method), own, rtol=1e-4, err_msg=method)
+    np.testing.assert_allclose(b1(method, b1=0.5), 0.5, rtol=1e-4, err_msg=method)
+  base = RunConfig()
+  assert dataclasses.replace(base, b1=0.95).name != base.name and "-b1_0.95" in dataclasses.replace(
+      base, b1=0.95).name
