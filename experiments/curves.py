@@ -1,35 +1,56 @@
 """A study's committed curves: one compressed file from which every published number is rebuilt.
 
-``curves.json.gz`` holds what the report needs and nothing it does not: the study's description
+``curves.json.xz`` holds what the report needs and nothing it does not: the study's description
 (``meta``: command, preset, window, deviations, data, learning-rate readings) and, per run, its
-group (``main``, ``tuned-lr`` or an ablation's name), name, config, status, per-step training loss
-and validation losses (rounded to 5 decimals: the report is computed from the rounded values, so
-a rebuild gives the published numbers exactly), its timing, the CPU it trained on and the code
-version. About 40 KB per 2,400-step run.
+group (``main``, ``tuned-lr`` or an ablation's name), name, config, status, training loss and
+validation losses (rounded to 5 decimals: the report is computed from the stored values, so a
+rebuild gives the published numbers exactly), its timing, the CPU it trained on and the code
+version. The training loss is stored per step up to ``MAX_POINTS`` steps; a longer run stores the
+means over consecutive blocks of ``loss_every = ceil(steps / MAX_POINTS)`` steps, which ``read``
+repeats back to one value per step (so every metric still sees one loss per step, at a resolution
+of ``loss_every`` steps). About 30 KB per 2,400-step run (xz; gzip made 40 KB). ``read`` also reads
+the older ``curves.json.gz``.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import lzma
+import math
 import pathlib
 
-FILE = "curves.json.gz"
+import numpy as np
+
+FILE = "curves.json.xz"
+LEGACY = "curves.json.gz"  # the same content, gzip-compressed (studies written before December 2026)
 DECIMALS = 5
+MAX_POINTS = 2400
 
 
 def _round(values) -> list:
   return [round(float(v), DECIMALS) if v == v and abs(v) != float("inf") else None for v in values]
 
 
+def _blocks(losses) -> tuple[list, int]:
+  """``(stored values, loss_every)``: per step, or block means past ``MAX_POINTS`` steps (a block
+  holding a non-finite loss stores ``None``, as a non-finite step does)."""
+  x = np.asarray(losses, np.float64)
+  every = max(1, math.ceil(len(x) / MAX_POINTS))
+  return _round([x[i:i + every].mean() for i in range(0, len(x), every)]), every
+
+
 def record(group: str, result: dict) -> dict:
   """One run of the curves file from a run's ``result.json`` (``runs.train``)."""
   versions = result.get("versions") or {}
+  losses, every = _blocks(result["losses"])
   out = {"group": group, "name": result["name"], "config": result["config"],
-         "status": result["status"], "losses": _round(result["losses"]),
+         "status": result["status"], "losses": losses,
          "val_steps": result.get("val_steps", []), "val_losses": _round(result.get("val_losses", [])),
          "seconds": result.get("seconds"), "steps_per_second": result.get("steps_per_second"),
          "jobs": result.get("jobs"), "host": versions.get("host"), "code": versions.get("code")}
+  if every > 1:
+    out["loss_every"], out["num_losses"] = every, len(result["losses"])
   if result.get("diagnostics"):
     out["diagnostics"] = result["diagnostics"]
   return out
@@ -41,23 +62,27 @@ def write(path: pathlib.Path, meta: dict, runs: list) -> None:
   data = json.dumps({"meta": meta, "runs": runs}, sort_keys=True, separators=(",", ":")).encode()
   tmp = path.with_name(path.name + ".tmp")
   with open(tmp, "wb") as f:
-    f.write(gzip.compress(data, mtime=0))
+    f.write(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
   tmp.replace(path)
 
 
 def read(path: pathlib.Path) -> dict:
   """``{"meta", "runs"}`` with each run's missing losses (non-finite in training) back as ``inf``
-  (never credited, ``metrics.credited``)."""
+  (never credited, ``metrics.credited``) and block means repeated to one loss per step."""
   path = pathlib.Path(path)
   if path.is_dir():
-    path = path / FILE
+    path = path / FILE if (path / FILE).is_file() or not (path / LEGACY).is_file() else path / LEGACY
   if not path.is_file():
     raise FileNotFoundError(f"{str(path)!r} does not exist: give a folder holding {FILE} (a sweep's "
                             "--out or a docs/results folder) or the file itself")
-  data = json.loads(gzip.decompress(path.read_bytes()))
+  raw = path.read_bytes()
+  data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else lzma.decompress(raw))
   for r in data["runs"]:
     for key in ("losses", "val_losses"):
       r[key] = [float("inf") if v is None else v for v in r[key]]
+    every = r.pop("loss_every", 1)
+    if every > 1:
+      r["losses"] = np.repeat(r["losses"], every)[:r.pop("num_losses")].tolist()
   return data
 
 

@@ -1,7 +1,7 @@
 """``python -m experiments.horizon SOURCE [SOURCE ...] --out DIR``: the staleness study against the
 training horizon T.
 
-Each SOURCE is a study folder holding ``curves.json.gz`` (``experiments.curves``). Their main runs
+Each SOURCE is a study folder holding ``curves.json.xz`` (``experiments.curves``). Their main runs
 are grouped by their length T; per T, every number is computed per seed as in the study's own
 report (``metrics.study_table``) at the largest P of that T: each method's headline slowdown,
 rotation's staleness gain over the best baseline with its 95% interval and verdict

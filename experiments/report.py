@@ -1,6 +1,6 @@
 """``python -m experiments.report SOURCE``: a study's report rebuilt from its committed curves.
 
-SOURCE is a folder holding ``curves.json.gz`` (a sweep's ``--out``, or a published
+SOURCE is a folder holding ``curves.json.xz`` (a sweep's ``--out``, or a published
 ``docs/results/<study>``). The report is computed from those curves alone, in seconds, with nothing
 trained: ``report.md`` (tables, claims and verdicts), ``results.csv``, ``summary.json`` and the
 figures, into ``--out`` (default SOURCE). ``--methods`` keeps only those methods' runs; the headline
@@ -140,7 +140,7 @@ def headline(tables) -> dict:
 
 def build(source, out=None, methods=None, command: str | None = None) -> dict:
   """Writes report.md, results.csv, summary.json and the figures of the study in ``source`` (a
-  folder holding ``curves.json.gz``, or the file) into ``out`` (default: its folder); returns the
+  folder holding ``curves.json.xz``, or the file) into ``out`` (default: its folder); returns the
   summary."""
   data = curves_lib.read(source)
   source = pathlib.Path(source)

@@ -83,7 +83,7 @@ def test_sync_readme_rewrites_only_stale_generated_blocks(tmp_path):
     report.sync_readme(readme)
   with pytest.raises(ValueError, match="--readme .*nope.md' is not a file"):
     report.main(["--readme", str(tmp_path / "nope.md")])
-  with pytest.raises(FileNotFoundError, match="curves.json.gz"):
+  with pytest.raises(FileNotFoundError, match="curves.json.xz"):
     report.main([str(tmp_path)])
 
 

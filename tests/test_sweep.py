@@ -26,7 +26,7 @@ def test_smoke_sweep_end_to_end(tmp_path):
   here = runs.train(plan.main[0], ds, tmp_path / "here")  # pipedream at P = 1
   there = json.loads((run_dir(plan.main[0], ds, out) / "result.json").read_text())
   assert here["losses"] == there["losses"] and here["val_losses"] == there["val_losses"]
-  for name in ("results.csv", "report.md", "summary.json", "curves.json.gz", "main_loss.png",
+  for name in ("results.csv", "report.md", "summary.json", "curves.json.xz", "main_loss.png",
                "main_slowdown.png", "main_levels.png"):
     assert (out / name).stat().st_size > 0, name
   results = [json.loads(p.read_text()) for p in (out / "runs").glob("*/result.json")]
@@ -54,7 +54,7 @@ def test_smoke_sweep_end_to_end(tmp_path):
   sweep.main(["--preset", "smoke", "--out", str(out), "--publish", str(tmp_path / "pub")])
   assert {p: p.stat().st_mtime_ns for p in before} == before
   published = sorted(p.name for p in (tmp_path / "pub").iterdir())
-  assert published == ["curves.json.gz", "main_levels.png", "main_loss.png", "main_slowdown.png",
+  assert published == ["curves.json.xz", "main_levels.png", "main_loss.png", "main_slowdown.png",
                        "report.md", "results.csv", "summary.json"]
   header = (tmp_path / "pub" / "report.md").read_text().splitlines()[2]
   assert header.startswith(f"- made by `python -m experiments.sweep --preset smoke --out {out} --publish")

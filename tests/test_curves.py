@@ -1,0 +1,48 @@
+"""experiments/curves.py: the committed curves round-trip, long runs as block means, older gzip files."""
+
+import gzip
+import json
+
+import numpy as np
+
+from experiments import curves
+
+
+def _result(losses, name="r"):
+  return {"name": name, "config": {"steps": len(losses)}, "status": "finished", "losses": losses,
+          "val_steps": [len(losses)], "val_losses": [2.0], "seconds": 1.0}
+
+
+def test_a_short_run_is_stored_per_step_and_read_back_exactly(tmp_path):
+  x = np.random.default_rng(0).uniform(1, 3, curves.MAX_POINTS).tolist()
+  x[7] = float("nan")
+  curves.write(tmp_path / curves.FILE, {"window": 5}, [curves.record("main", _result(x))])
+  run = curves.read(tmp_path)["runs"][0]
+  assert "loss_every" not in run and len(run["losses"]) == len(x)
+  assert run["losses"][7] == float("inf")  # a non-finite step is never credited
+  np.testing.assert_allclose(np.delete(run["losses"], 7), np.round(np.delete(x, 7), 5), atol=0)
+
+
+def test_a_long_run_is_stored_as_block_means_repeated_back_to_one_loss_per_step(tmp_path):
+  steps = 2 * curves.MAX_POINTS + 5  # blocks of 3, the last one of 2 steps
+  x = np.random.default_rng(1).uniform(1, 3, steps)
+  x[10] = np.inf  # the block of steps 9-11 holds a diverged step
+  rec = curves.record("main", _result(x.tolist()))
+  assert rec["loss_every"] == 3 and rec["num_losses"] == steps and len(rec["losses"]) == -(-steps // 3)
+  curves.write(tmp_path / curves.FILE, {"window": 5}, [rec])
+  run = curves.read(tmp_path / curves.FILE)["runs"][0]
+  assert len(run["losses"]) == steps and "loss_every" not in run
+  expected = np.repeat([x[i:i + 3].mean() for i in range(0, steps, 3)], 3)[:steps]
+  finite = np.isfinite(expected)
+  assert not finite[9:12].any() and all(v == float("inf") for v in run["losses"][9:12])
+  np.testing.assert_allclose(np.asarray(run["losses"])[finite], np.round(expected[finite], 5), atol=1e-12)
+
+
+def test_an_older_gzip_study_still_reads_and_the_file_is_byte_identical_per_content(tmp_path):
+  data = {"meta": {"window": 5}, "runs": [curves.record("main", _result([2.0, 1.5]))]}
+  (tmp_path / curves.LEGACY).write_bytes(gzip.compress(json.dumps(data).encode(), mtime=0))
+  assert curves.read(tmp_path)["runs"][0]["losses"] == [2.0, 1.5]
+  curves.write(tmp_path / "a.xz", data["meta"], data["runs"])
+  curves.write(tmp_path / "b.xz", data["meta"], data["runs"])
+  assert (tmp_path / "a.xz").read_bytes() == (tmp_path / "b.xz").read_bytes()
+  assert curves.read(tmp_path / "a.xz")["runs"][0]["losses"] == [2.0, 1.5]
