@@ -150,3 +150,31 @@ def gain_vs_horizon(rows, path: pathlib.Path, paper_t_per_delay: float) -> None:
   ax.set_title("95% interval where there are several seeds, else the single value", fontsize=9)
   ax.grid(alpha=0.3)
   _save(fig, path)
+
+
+def schedule_gaps(rows, path: pathlib.Path) -> None:
+  """Each method's final-loss gap to P = 1 per schedule and P (``experiments.schedules``' rows),
+  with its 95% interval (or the range of a single seed)."""
+  methods = sorted({r["method"] for r in rows})
+  settings = sorted({(r["schedule"], r["P"]) for r in rows})
+  width = 0.8 / len(settings)
+  fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(methods)), 4))
+  for i, (schedule, p) in enumerate(settings):
+    xs, ys, err = [], [], [[], []]
+    for j, m in enumerate(methods):
+      r = next((r for r in rows if (r["schedule"], r["P"], r["method"]) == (schedule, p, m)), None)
+      if r is None or r["gap"] is None:
+        continue
+      lo, hi = r["gap"]["ci95"] or (r["gap"]["min"], r["gap"]["max"])
+      xs.append(j + (i - (len(settings) - 1) / 2) * width)
+      ys.append(r["gap"]["mean"])
+      err[0].append(r["gap"]["mean"] - lo)
+      err[1].append(hi - r["gap"]["mean"])
+    ax.bar(xs, ys, width, yerr=err, capsize=3, label=f"{schedule.upper()}, P = {p}")
+  ax.set_xticks(range(len(methods)), methods)
+  ax.axhline(0.0, color="gray", lw=0.8)
+  ax.set_ylabel("final-loss gap to P = 1")
+  ax.set_title("mean over seeds, 95% interval", fontsize=9)
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3, axis="y")
+  _save(fig, path)

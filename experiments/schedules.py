@@ -1,0 +1,182 @@
+"""``python -m experiments.schedules SOURCE [SOURCE ...] --out DIR``: PipeDream 1F1B against
+PipeDream-2BW, momentum under 2BW, and both papers' claims in one table.
+
+Each SOURCE is a study folder holding the curves of sweeps (``experiments.curves``); their main runs
+are merged by name (a run in several sources counts once). A run at P > 1 belongs to its schedule
+and momentum ``b1``; a run at P = 1 (no pipeline: one run for both schedules) to every schedule at
+its ``b1``. Per schedule and P > 1, at each method's own momentum, every number is computed per seed
+from the runs at P = 1 and that P (``metrics.study_table``, as a study's own report):
+
+- each method's final-loss gap (final smoothed training loss at P minus at P = 1, paired by seed)
+  and headline slowdown, with Student's t 95% intervals;
+- the rotation paper's claims at that P (``claims.main_claims``) and the follow-up's "Muon degrades
+  less than AdamW" (Zmushko et al., arXiv 2606.30634, which measured it under PipeDream-2BW).
+
+Momentum: under 2BW at the largest P, the gap of AdamW (PipeDream) and rotation per ``b1``, and the
+follow-up's "higher momentum degrades less" (per seed: the gap at b1 = 0.9 minus the gap at the
+largest b1, > 0). Its third claim, an error-feedback correction recovering 50-90% of the gap, is
+listed as not tested: the rule (its section 3) is not in the text available to this project.
+
+Writes ``report.md``, ``gaps.png`` and ``summary.json`` (``{"command", "hosts", "gaps": [{"schedule",
+"P", "method", "b1", "gap": {"mean", "min", "max", "ci95"}, "seeds"}], "claims": [...]}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+from experiments import claims as claims_lib
+from experiments import cli, curves, metrics, plots
+from experiments.tables import curves_by, seed_tables
+
+PAPER = "arXiv 2606.30634"
+NAMES = {"1f1b": "1F1B", "2bw": "2BW"}
+MOMENTUM_METHODS = ("pipedream", "rotation")
+
+
+def merged_runs(sources, methods=None) -> tuple[list, int]:
+  """The main runs of every source (of ``methods`` only, if given), once each, and the study window
+  (every source's must agree)."""
+  runs, windows = {}, set()
+  for source in sources:
+    data = curves.read(source)
+    windows.add(data["meta"]["window"])
+    for r in data["runs"]:
+      if r["group"] == "main" and (not methods or r["config"]["method"] in methods):
+        runs.setdefault(r["name"], r)
+  if len(windows) != 1:
+    raise ValueError(f"the sources smooth with different windows {sorted(windows)}: not one study")
+  return list(runs.values()), windows.pop()
+
+
+def setting_runs(runs, schedule: str, b1, stages: int) -> list:
+  """The runs at P = 1 and at ``stages`` of one schedule and momentum (``None``: each method's own)."""
+  return [r for r in runs if r["config"].get("b1") == b1 and (
+      r["config"]["stages"] == 1 or (r["config"]["stages"] == stages
+                                     and r["config"].get("schedule", "1f1b") == schedule))]
+
+
+def gaps(tables, stages: int) -> dict:
+  """``{method: per-seed final-loss gap at stages minus P = 1}`` (a string where a run diverged)."""
+  out = {}
+  for rows in tables:
+    at = {(r["method"], r["stages"]): r["final"] for r in rows}
+    for method in sorted(m for m, p in at if p == stages and (m, 1) in at):
+      a, b = at[(method, 1)], at[(method, stages)]
+      out.setdefault(method, []).append(b - a if a is not None and b is not None else "a run diverged")
+  return out
+
+
+def study(runs, window: int) -> tuple[list, list, list]:
+  """``(rows, momentum rows, claims)``: one row per schedule, P and method at each method's own
+  momentum; one per b1 and method of the momentum study; the claims."""
+  schedules = sorted({r["config"].get("schedule", "1f1b") for r in runs if r["config"]["stages"] > 1})
+  rows, claims = [], []
+  for schedule in schedules:
+    depths = sorted({r["config"]["stages"] for r in runs if r["config"]["stages"] > 1
+                     and r["config"].get("schedule", "1f1b") == schedule and r["config"].get("b1") is None})
+    for p in depths:
+      tables = seed_tables(curves_by(setting_runs(runs, schedule, None, p)), window)
+      if not tables:
+        continue
+      slow = {r["method"]: r for r in metrics.aggregate(tables) if r["stages"] == p}
+      for method, values in gaps(tables, p).items():
+        rows.append({"schedule": schedule, "P": p, "method": method, "b1": None, "gaps": values,
+                     "gap": claims_lib.judge(values, 0.0)[1], "slowdown": slow.get(method)})
+      claims += claims_lib.main_claims(tables, f" ({NAMES[schedule]}, P = {p})")
+  momentum, top = [], max((r["config"]["stages"] for r in runs if r["config"].get("b1") is not None),
+                          default=None)
+  if top is not None:
+    values = sorted({r["config"]["b1"] for r in runs if r["config"].get("b1") is not None})
+    per = {}
+    for b1 in [None] + values:
+      tables = seed_tables(curves_by(setting_runs(runs, "2bw", b1, top)), window)
+      for method, v in gaps(tables, top).items():
+        if method in MOMENTUM_METHODS:
+          per[(method, b1)] = v
+          momentum.append({"schedule": "2bw", "P": top, "method": method, "b1": 0.9 if b1 is None else b1,
+                           "gaps": v, "gap": claims_lib.judge(v, 0.0)[1]})
+    for method in MOMENTUM_METHODS:
+      low, high = per.get((method, None)), per.get((method, values[-1]))
+      if low is None or high is None:
+        continue
+      diffs = [a - b if not isinstance(a, str) and not isinstance(b, str) else "a run diverged"
+               for a, b in zip(low, high)]
+      claims.append(claims_lib.check(
+          f"higher momentum degrades less under 2BW: {method}, b1 0.9 against {values[-1]:g} (final-loss "
+          f"gap to P = 1 at P = {top})", f"the higher b1, the smaller the gap ({PAPER})", diffs, 0.0,
+          spec="{:+.3f}", context=f"gap at b1 0.9 minus gap at b1 {values[-1]:g}: "))
+  claims.append(claims_lib.Claim(
+      "an error-feedback correction recovers 50-90% of the remaining gap", f"50-90% ({PAPER})",
+      "not tested: the rule (the paper's section 3) is not in the text available here", "inconclusive",
+      "not measured"))
+  return rows, momentum, claims
+
+
+def _cell(values, interval) -> str:
+  return claims_lib.describe(values, interval, "{:+.3f}")
+
+
+def write(rows, momentum, claims, hosts, out: pathlib.Path, command: str) -> dict:
+  out.mkdir(parents=True, exist_ok=True)
+  lines = ["# Two asynchronous schedules: PipeDream 1F1B and PipeDream-2BW", "",
+           f"- made by `{command}`",
+           "- runs from " + ("one CPU: " if len(hosts) == 1 else "**more than one CPU**: ")
+           + "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in hosts),
+           "- 1F1B: stage k lags P - 1 - k updates; 2BW: every stage one update behind whatever P "
+           "(gradients at W(t - 1)); P = 1 is the same synchronous run for both", "",
+           "## Final-loss gap to P = 1", "",
+           "Final smoothed training loss at P minus at P = 1, paired by seed: mean [min, max] over "
+           "seeds and Student's t 95% interval; each method at its own momentum. The headline "
+           "slowdown is the study's (the median over loss levels of t_P / t_1).", "",
+           "| schedule | P | method | final-loss gap | headline slowdown |", "|---|---|---|---|---|"]
+  for r in rows:
+    s = r["slowdown"]
+    slow = "" if s is None else claims_lib.describe(
+        s["slowdown_levels_seeds"], metrics.interval(s["slowdown_levels_seeds"]))
+    lines.append(f"| {NAMES[r['schedule']]} | {r['P']} | {r['method']} | {_cell(r['gaps'], r['gap'])} "
+                 f"| {slow} |")
+  if momentum:
+    lines += ["", "## Momentum under 2BW", "",
+              "AdamW (PipeDream) and rotation with first-moment decay b1 at P = 1 and P "
+              f"= {momentum[0]['P']} (2BW); gap as above.", "",
+              "| method | b1 | final-loss gap |", "|---|---|---|"]
+    lines += [f"| {m['method']} | {m['b1']:g} | {_cell(m['gaps'], m['gap'])} |"
+              for m in sorted(momentum, key=lambda m: (m["method"], m["b1"]))]
+  lines += [""] + claims_lib.section(claims)
+  lines += ["![final-loss gap to P = 1 per schedule and method](gaps.png)", ""]
+  (out / "report.md").write_text("\n".join(lines))
+  plots.schedule_gaps(rows, out / "gaps.png")
+  keep = lambda r: {"schedule": r["schedule"], "P": str(r["P"]), "method": r["method"], "b1": r["b1"],
+                    "seeds": len(r["gaps"]), "gap": ({k: r["gap"][k] for k in ("mean", "min", "max", "ci95")}
+                                                     if r["gap"] else None)}
+  summary = {"command": command, "hosts": hosts, "gaps": [keep(r) for r in rows + momentum],
+             "claims": [c.summary() for c in claims]}
+  (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+  return summary
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m experiments.schedules", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("sources", nargs="+", help=f"study folders holding {curves.FILE}")
+  parser.add_argument("--out", required=True, help="where to write report.md, gaps.png, summary.json")
+  parser.add_argument("--methods", nargs="+", help="keep only these methods' runs (so that every "
+                      "schedule compares the same methods)")
+  args = parser.parse_args(argv)
+  runs, window = merged_runs(args.sources, args.methods)
+  rows, momentum, claims = study(runs, window)
+  if not rows:
+    raise ValueError(f"no runs at P > 1 with their P = 1 runs in {args.sources}")
+  command = "python -m experiments.schedules " + " ".join(sys.argv[1:] if argv is None else argv)
+  summary = write(rows, momentum, claims, curves.hosts_of(runs), pathlib.Path(args.out), command)
+  print(f"wrote {args.out}/report.md: " + "; ".join(
+      f"{c['verdict']}: {c['claim']}" for c in summary["claims"]))
+  return summary
+
+
+if __name__ == "__main__":
+  cli.exit_process(cli.run(main))
