@@ -55,6 +55,8 @@ class RunConfig:
       statistics and moments).
     b1: first-moment (momentum) decay of every method; ``None`` keeps each method's own (AdamW,
       PipeDream-LR and rotation 0.9, Nesterov 0.99, Muon 0.95 with 0.9 for its AdamW leaves).
+    shampoo_beta: decay of rotation's ``L``, ``R`` statistics (rotation methods only); ``None``
+      follows ``b2``. The estimation-lag study: a smaller value tracks a moving basis faster.
     warmup_start: learning rate at step 0.
     final_lr_fraction: the cosine decay's end, as a fraction of the peak.
     pipemare_fraction: PipeDream-LR's transition ``T_c`` as a fraction of ``steps`` (the paper's
@@ -105,6 +107,7 @@ class RunConfig:
   weight_decay: float = 0.01
   b2: float = 0.999
   b1: float | None = None
+  shampoo_beta: float | None = None
   moe_loss_weight: float = 0.01
   refresh_every: int | None = None
   dtype: str = "float32"
@@ -132,6 +135,7 @@ class RunConfig:
     blocks += f"-wu{self.warmup_steps}" if self.warmup_steps is not None else ""
     blocks += f"-b2_{self.b2:g}" if self.b2 != 0.999 else ""
     blocks += f"-b1_{self.b1:g}" if self.b1 is not None else ""
+    blocks += f"-sb{self.shampoo_beta:g}" if self.shampoo_beta is not None else ""
     blocks += f"-diag{self.diagnose_every}" if self.diagnose_every else ""
     blocks += "-remat" if self.remat else ""
     blocks += f"-lc{self.loss_chunk}" if self.loss_chunk else ""
@@ -198,6 +202,11 @@ class RunConfig:
       raise ValueError(f"b2 must be in (0, 1), got {self.b2}")
     if self.b1 is not None and not 0 <= self.b1 < 1:
       raise ValueError(f"b1 must be in [0, 1), got {self.b1}")
+    if self.shampoo_beta is not None and not 0 < self.shampoo_beta < 1:
+      raise ValueError(f"shampoo_beta must be in (0, 1), got {self.shampoo_beta}")
+    if self.shampoo_beta is not None and methods.check_method(self.method).kind != "rotation":
+      raise ValueError(f"shampoo_beta is the decay of rotation's statistics; method {self.method!r} "
+                       "has none")
     if self.refresh_every is not None and self.refresh_every < 1:
       raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
     if self.diagnose_every is not None:
@@ -215,7 +224,7 @@ class RunConfig:
 OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False, "warmup_steps": None,
                    "b2": 0.999, "diagnose_every": None, "diagnose_steps": 16, "width": None,
                    "remat": None, "loss_chunk": None, "schedule": "1f1b",
-                   "b1": None}
+                   "b1": None, "shampoo_beta": None}
 
 
 # The model's numerics, part of every run's identity: 1 for runs made with the model's own einsum

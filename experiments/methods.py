@@ -120,7 +120,8 @@ def stage_optimizers(config) -> list[optax.GradientTransformation]:
                                 consistent_rms=0.2)
     bases = (jax.random.fold_in(jax.random.key(config.seed), k) if method.bases == "random" else None)
     rate = ps.pipemare_lr_schedule(lr, delays[k], transition) if method.stage_lr else lr
-    return rotation.basis_rotation(rate, b1=b1(0.9), b2=b2, weight_decay=wd, source=method.source,
+    return rotation.basis_rotation(rate, b1=b1(0.9), b2=b2, shampoo_beta=config.shampoo_beta,
+                                   weight_decay=wd, source=method.source,
                                    geometry=method.geometry, refresh_every=periods[k],
                                    first_order_step=method.first_order_step,
                                    mask=model_lib.rotation_mask, bases=bases,

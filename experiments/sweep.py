@@ -71,6 +71,8 @@ def parse_args(argv=None):
                       "that every P shares one schedule)")
   parser.add_argument("--b2", type=float, help="second-moment decay of every method (default 0.999; "
                       "rotation's L, R statistics follow it)")
+  parser.add_argument("--shampoo-beta", type=float, help="decay of rotation's L, R statistics, for "
+                      "the rotation methods of the sweep only (default: b2); the estimation-lag study")
   parser.add_argument("--b1", type=float, help="first-moment (momentum) decay of every method "
                       "(default: each method's own: 0.9; Nesterov 0.99; Muon 0.95)")
   parser.add_argument("--dtype", choices=model_lib.DTYPES, help="activations and matmuls (default "
@@ -262,6 +264,8 @@ def make_plan(args) -> Plan:
   def make(seed):
     def config(method, p, **kw):
       kw.setdefault("mode", args.mode)
+      if args.shampoo_beta is not None and methods_lib.check_method(method).kind == "rotation":
+        kw.setdefault("shampoo_beta", args.shampoo_beta)  # baselines keep their names (and runs)
       c = preset.config(method, p, seed, **kw)
       c.validate()
       return c

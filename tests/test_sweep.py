@@ -455,3 +455,18 @@ def test_a_2bw_sweep_shares_its_p1_runs_with_1f1b_and_refuses_other_modes():
   # on devices 2BW splits a batch into P micro-batches: a batch size P does not divide is refused
   assert cli.run(sweep.main, ["--preset", "smoke", "--schedule", "2bw", "--execution", "devices",
                               "--batch-size", "6", "--dry-run"]) == 2
+
+
+def test_shampoo_beta_and_b1_reach_their_runs_and_leave_the_baselines_names():
+  ds = data_lib.load(None, context=64)
+  plan = lambda *extra: sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--methods", "pipedream",
+                                                          "rotation", *extra]))
+  names = lambda p: {(c.method, c.stages): (c, run_name(c, ds.sha256, ds.vocab_size)) for c in p.main}
+  base, lag, b1 = names(plan()), names(plan("--shampoo-beta", "0.95")), names(plan("--b1", "0.95"))
+  for key, (c, name) in lag.items():
+    if key[0] == "rotation":
+      assert c.shampoo_beta == 0.95 and name != base[key][1] and "-sb0.95" in name
+    else:
+      assert c.shampoo_beta is None and name == base[key][1]  # the cached baseline is reused
+  assert all(c.b1 == 0.95 and "-b1_0.95" in n for c, n in b1.values())
+  assert cli.run(sweep.main, ["--preset", "smoke", "--b1", "1.5", "--dry-run"]) == 2
