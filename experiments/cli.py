@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 
 class RunFailed(RuntimeError):
   """Some runs of a sweep failed (each named); the others finished and the same command resumes."""
 
 
+def _terminate(signum, frame):
+  raise KeyboardInterrupt  # unwinds like Ctrl-C: a sweep stops its workers on the way out
+
+
 def run(entry, argv=None) -> int:
   """``entry(argv)`` with one-line errors (status 2 for bad input, 1 for failed runs) and a
-  one-line Ctrl-C message (status 130)."""
+  one-line message on Ctrl-C or SIGTERM (status 130), which unwind the same way (so a sweep's
+  workers are stopped, not left training)."""
+  main_thread = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
   try:
     entry(argv)
   except KeyboardInterrupt:
@@ -24,6 +33,9 @@ def run(entry, argv=None) -> int:
   except RunFailed as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+  finally:
+    if main_thread:
+      signal.signal(signal.SIGTERM, previous)
   return 0
 
 

@@ -328,6 +328,9 @@ class _QueueProgress:
     self.queue.put(("reset", self.index, total))
 
   def update(self, n):
+    parent = multiprocessing.parent_process()
+    if parent is not None and not parent.is_alive():  # the sweep was killed: stop at this chunk
+      raise SystemExit("the sweep that started this worker is gone")
     self.queue.put(("update", self.index, (n, self.postfix.get("loss"))))
 
   def set_postfix(self, postfix, refresh=False):
@@ -367,8 +370,9 @@ def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1) -> list:
   and its numbers. A worker must find the source files the sweep started with (``provenance.source_files``)
   or it refuses to train. A run that fails (an exception, or a worker killed) is reported by name at
   once and the others go on; at the end ``RunFailed`` lists them (the next start resumes them).
-  Ctrl-C stops every worker; runs that finished are on disk, and the others resume from their last
-  checkpoint."""
+  Ctrl-C or SIGTERM (``cli.run``) stops every worker; runs that finished are on disk, and the others
+  resume from their last checkpoint. A worker whose sweep was killed outright (SIGKILL) stops at its
+  next chunk."""
   if jobs < 1:
     raise ValueError(f"--jobs must be >= 1, got {jobs}")
   folders = [run_dir(c, ds, out) for c in configs]

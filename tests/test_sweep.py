@@ -357,6 +357,46 @@ def test_ctrl_c_during_compilation_exits_cleanly(tmp_path):
   assert "interrupted; run the same command again to resume" in err and "Fatal Python error" not in err
 
 
+def _children(pid: int) -> list:
+  """PIDs of the running processes whose parent is ``pid`` (Linux /proc)."""
+  out = []
+  for stat in sweep.pathlib.Path("/proc").glob("[0-9]*/stat"):
+    try:
+      fields = stat.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+      continue
+    if int(fields[1]) == pid and fields[0] != "Z":
+      out.append(int(stat.parent.name))
+  return out
+
+
+def test_sigterm_stops_the_sweep_and_its_workers(tmp_path):
+  """SIGTERM (a scheduler's kill, ``timeout``) unwinds like Ctrl-C: exit 130, no worker left training."""
+  import os
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", "--preset", "smoke", "--methods",
+                           "pipedream", "rotation", "--stages", "4", "--jobs", "2", "--out",
+                           str(tmp_path / "t")], cwd=sweep.pathlib.Path(sweep.__file__).parents[1],
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  deadline, workers = time.time() + 120, []
+  while len(workers) < 2 and time.time() < deadline:  # two spawned workers (and the resource tracker)
+    time.sleep(0.5)
+    workers = [c for c in _children(proc.pid)
+               if b"spawn_main" in sweep.pathlib.Path(f"/proc/{c}/cmdline").read_bytes()]
+  assert len(workers) == 2, proc.stderr.read() if proc.poll() is not None else "no workers"
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err[-2000:]
+  assert "interrupted; run the same command again to resume" in err
+  for pid in workers:  # terminated and reaped by the sweep on its way out
+    assert not sweep.pathlib.Path(f"/proc/{pid}").exists(), f"worker {pid} still runs"
+
+
 def test_warmup_in_delays_and_b2_reach_every_run():
   plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--warmup-delays", "2.5", "--b2", "0.99"]))
   assert all(c.warmup_steps == 8 and c.b2 == 0.99 for c in plan.main)  # 2.5 x tau_max (P = 4: 3)
