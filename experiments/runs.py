@@ -79,7 +79,8 @@ def _advance(pipe, state, batches, step):
   """One chunk: (state, indices of the steps that completed, their losses, their gradient norms).
 
   The emulator completes the chunk's own steps; the device pipeline completes steps ``pipe.lag``
-  behind (``P - 1`` under 1F1B, one under 2BW) (the micro-batches still in flight finish in the next chunk or in ``_drain``)."""
+  behind (``P - 1`` under 1F1B, one under 2BW; those still in flight finish in the next chunk or in
+  ``_drain``)."""
   if isinstance(pipe, ps.DevicePipeline):
     state, out = pipe.run(state, batches)
     steps, losses, norms = (np.asarray(x) for x in out)

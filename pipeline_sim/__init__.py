@@ -1,4 +1,5 @@
-"""Emulation of asynchronous pipeline parallelism (PipeDream 1F1B) and its baselines."""
+"""Asynchronous pipeline parallelism (PipeDream 1F1B and PipeDream-2BW), emulated and across devices,
+and the paper's baselines."""
 
 from pipeline_sim.baselines import (
     nesterov,
@@ -18,14 +19,20 @@ from pipeline_sim.delays import (
     split_stages,
     stage_delays,
 )
-from pipeline_sim.devices import DEVICE_MODES, DevicePipeline, DevicePipelineState, pipeline_mesh
+from pipeline_sim.devices import (
+    DEVICE_MODES,
+    DevicePipeline,
+    DevicePipelineState,
+    TwoVersions,
+    pipeline_mesh,
+)
 from pipeline_sim.driver import MODES, Pipeline, PipelineState
 from pipeline_sim.gradients import Staged, no_stashing_value_and_grad
 from pipeline_sim.sharding import data_mesh, fsdp, replicate, shard_batches
 
 __all__ = [
     "DEVICE_MODES", "SCHEDULES", "DevicePipeline", "DevicePipelineState", "MODES", "Pipeline",
-    "PipelineState",
+    "PipelineState", "TwoVersions",
     "Staged", "check_labels", "data_mesh", "fsdp", "leaf_delays", "merge_stages", "nesterov",
     "nesterov_stage_b1", "no_stashing_value_and_grad", "num_stages_of", "per_stage", "pipedream",
     "pipedream_lr", "pipeline_mesh", "pipemare_lr_schedule", "replicate", "scale_by_nadam_torch",

@@ -356,8 +356,8 @@ class DevicePipeline:
     """Per-device work after a backward: ``(carry, grads, m) -> (carry, squared norm of the gradient
     applied)``; index 0 idle, 1 + k stage k's (2BW: accumulate, and apply at a batch's last)."""
     no_norm = lambda: jnp.zeros((), jnp.result_type(float))
-    sq_norm = lambda tree: sum((jnp.sum(jnp.square(x.astype(no_norm().dtype))) for x in jax.tree.leaves(tree)),
-                               no_norm())
+    sq_norm = lambda tree: sum((jnp.sum(jnp.square(x.astype(no_norm().dtype)))
+                                for x in jax.tree.leaves(tree)), no_norm())
 
     def idle(carry, grads, m):
       return carry, no_norm()

@@ -161,7 +161,8 @@ for make in (lambda: ps.pipeline_mesh(3, jax.devices()[:4]),
              lambda: ps.DevicePipeline(staged, optax.adam(1e-3), labels, schedule="2bw", micro_batches=1),
              lambda: ps.DevicePipeline(staged, optax.adam(1e-3), labels, micro_batches=2),
              lambda: ps.DevicePipeline(staged, optax.adam(1e-3), labels, schedule="2bw", micro_batches=3,
-                                       mesh=ps.pipeline_mesh(2, jax.devices()[:2])).init(params, (xs[0], ys[0]))):
+                                       mesh=ps.pipeline_mesh(2, jax.devices()[:2])).init(
+                                           params, (xs[0], ys[0]))):
   try:
     make()
     errors.append("")

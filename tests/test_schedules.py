@@ -55,7 +55,8 @@ def test_gaps_per_schedule_both_papers_claims_and_momentum(tmp_path):
   verdicts = {c["claim"]: c["verdict"] for c in summary["claims"]}
   muon = [v for c, v in verdicts.items() if c.startswith("Muon degrades less")]
   assert muon == ["reproduced", "reproduced"]  # 2BW: 0.22 apart; 1F1B: 0.10 apart
-  momentum = {c.split(": ")[1].split(",")[0]: v for c, v in verdicts.items() if c.startswith("higher momentum")}
+  momentum = {c.split(": ")[1].split(",")[0]: v for c, v in verdicts.items()
+              if c.startswith("higher momentum")}
   assert momentum == {"pipedream": "reproduced", "rotation": "refuted"}  # gap 0.25 -> 0.10; 0.09 -> 0.20
   assert verdicts["an error-feedback correction recovers 50-90% of the remaining gap"] == "inconclusive"
   assert json.loads((out / "summary.json").read_text()) == summary
