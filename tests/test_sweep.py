@@ -395,9 +395,12 @@ def test_sigterm_stops_the_sweep_and_its_workers(tmp_path):
   assert "interrupted; run the same command again to resume" in err
   # Terminated by the sweep on its way out (one still starting when the signal came ends on its own:
   # its sweep is gone); none keeps training.
-  proc_dir = sweep.pathlib.Path("/proc")
-  alive = lambda: [pid for pid in workers if (proc_dir / str(pid)).exists()
-                   and (proc_dir / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+  def running(pid):
+    try:
+      return sweep.pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # gone
+      return False
+  alive = lambda: [pid for pid in workers if running(pid)]
   deadline = time.time() + 60
   while alive() and time.time() < deadline:
     time.sleep(0.5)
