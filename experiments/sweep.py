@@ -17,6 +17,7 @@ import multiprocessing
 import pathlib
 import re
 import shutil
+import signal
 import sys
 import time
 import warnings
@@ -337,10 +338,16 @@ class _QueueProgress:
     self.postfix = dict(postfix)
 
 
+# Signals held while a worker starts, so that the sweep registers every worker it starts before an
+# interruption unwinds it (and terminates them all); a worker inherits the mask and releases it.
+HELD = (signal.SIGINT, signal.SIGTERM)
+
+
 def _worker(queue, index, config, ds, folder, jobs, source) -> None:
   """One run in a fresh process: refuses to train if the source files changed since the sweep
   began (the worker would import other code than the sweep's), reports progress, then the result
   or the error, by run."""
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
   try:
     changed = provenance.changed_files(source)
     if changed:
@@ -423,10 +430,14 @@ def _run_parallel(todo, ds, overall, jobs) -> dict:
       while pending and len(active) < workers:
         i, c, folder = pending.pop(0)
         proc = spawn.Process(target=_worker, args=(queue, i, c, ds, folder, workers, source), daemon=True)
-        proc.start()
         slot = min(set(range(1, workers + 1)) - {abs(bar.pos) for _, bar in active.values()})
-        active[i] = (proc, tqdm(total=c.steps, desc=c.name, leave=False, unit="step", dynamic_ncols=True,
-                                position=slot))
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+        try:  # an interruption inside start() would leave a worker the sweep cannot stop
+          proc.start()
+          active[i] = (proc, tqdm(total=c.steps, desc=c.name, leave=False, unit="step",
+                                  dynamic_ncols=True, position=slot))
+        finally:
+          signal.pthread_sigmask(signal.SIG_SETMASK, held)
       try:
         kind, i, payload = queue.get(timeout=1.0)
       except Exception:  # noqa: BLE001 - queue.Empty: look for workers that died

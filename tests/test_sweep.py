@@ -389,6 +389,7 @@ def test_sigterm_stops_the_sweep_and_its_workers(tmp_path):
     workers = [c for c in _children(proc.pid)
                if b"spawn_main" in sweep.pathlib.Path(f"/proc/{c}/cmdline").read_bytes()]
   assert len(workers) == 2, proc.stderr.read() if proc.poll() is not None else "no workers"
+  time.sleep(2.0)  # past start(), which sends each worker its run (a signal inside it can break that)
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == 130, err[-2000:]
