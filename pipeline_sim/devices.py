@@ -27,7 +27,8 @@ backward (rematerialisation at stage boundaries), so only stage inputs are kept 
 PipeDream-2BW (``schedule="2bw"``; Narayanan et al., 2021, docs/algorithms.md section 1): the same
 1F1B phases over a stream of micro-batches, M >= P of them per batch (``micro_batches``, default P),
 each a contiguous 1/M of the batch's rows. Every micro-batch of batch t runs its forward and
-backward on the stage's version ``W_{t-1}`` (``W_0`` for t = 0); the stage sums their gradients and
+backward on the stage's version ``W_{t-1}`` (``W_0`` for t = 0, and ``W_t`` for the first batch after
+a flush, which starts a new fill); the stage sums their gradients and
 applies the batch's mean gradient once, at the backward of the batch's last micro-batch: update t
 applies the gradient at ``W_{t-1}`` to ``W_t``, a delay of one update at every stage whatever P. A
 stage keeps two versions (its current weights and the previous ones) and a gradient accumulator;
@@ -229,11 +230,12 @@ class DevicePipeline:
       return rb.tree_bytes((stash.previous, stash.grad_sum))
     return 0 if stash is None else rb.tree_bytes(stash)
 
-  def _weights(self, k, params, stash, m, forward: bool):
-    """The weights stage k's forward (or backward) of micro-batch m runs on."""
-    if self.schedule == "2bw":  # W_{t-1} for batch t (W_t at P = 1): the current or the previous
+  def _weights(self, k, params, stash, m, start, forward: bool):
+    """The weights stage k's forward (or backward) of micro-batch m runs on (``start``: the first
+    batch since the last flush)."""
+    if self.schedule == "2bw":  # W_{t-1} for batch t (W_t at P = 1 and right after a flush)
       t = m // self.micro_batches
-      needed = jnp.maximum(t - self.delays[k], 0)
+      needed = jnp.maximum(t - self.delays[k], start)
       return jax.tree.map(lambda cur, prev: jnp.where(stash.updates > needed, prev, cur),
                           params, stash.previous)
     if stash is None or forward:
@@ -303,11 +305,11 @@ class DevicePipeline:
     no_grads = lambda: {d: jnp.zeros((w,), d) for d, w in self._grad_widths.items()}
     no_loss = lambda: jnp.zeros((), jnp.result_type(float))
 
-    def idle(carry, inbox, fwd, bwd, batch, m):
+    def idle(carry, inbox, fwd, bwd, batch, m, start):
       return carry, inbox, zeros(self._message), zeros(self._act), no_grads(), no_loss()
 
     def forward(k):
-      def branch(carry, inbox, fwd, bwd, batch, m):
+      def branch(carry, inbox, fwd, bwd, batch, m, start):
         params, opt_state, stash = _unpack(carry, self._layouts[k])
         slot = m % (self._in_flight[k] + 1)
         message = (zeros(self._act), batch) if k == 0 else fwd
@@ -319,15 +321,15 @@ class DevicePipeline:
           out = zeros(self._message)
         else:
           x = staged.inputs_of(message[1]) if k == 0 else message[0]
-          out = (staged.stage_fns[k](self._weights(k, params, stash, m, True), x), message[1])
+          out = (staged.stage_fns[k](self._weights(k, params, stash, m, start, True), x), message[1])
         return carry, inbox, out, zeros(self._act), no_grads(), no_loss()
       return branch
 
     def backward(k):
-      def branch(carry, inbox, fwd, bwd, batch, m):
+      def branch(carry, inbox, fwd, bwd, batch, m, start):
         params, _, stash = _unpack(carry, self._layouts[k])
         act, mb = rb.ring_read(inbox, m % (self._in_flight[k] + 1))
-        weights = self._weights(k, params, stash, m, False)
+        weights = self._weights(k, params, stash, m, start, False)
         f = staged.stage_fns[k]
         x = staged.inputs_of(mb) if k == 0 else act
         if k == pk - 1:
@@ -415,7 +417,8 @@ class DevicePipeline:
       valid = (m >= start) & (m < limit)
       index = jnp.where(valid, jnp.where(is_forward, 1 + k, 1 + pk + k), 0)
       batch = jax.tree.map(lambda b: b[jnp.clip(m - c0, 0, num_chunk - 1)], batches)
-      carry, inbox, out, cot, grads, loss = jax.lax.switch(index, branches, carry, inbox, fwd, bwd, batch, m)
+      carry, inbox, out, cot, grads, loss = jax.lax.switch(index, branches, carry, inbox, fwd, bwd, batch, m,
+                                                           start // self.micro_batches)
       grads, loss = jax.lax.pmean((grads, loss), DATA)
       is_backward = valid & ~is_forward
       carry, sq_norm = jax.lax.switch(jnp.where(is_backward, 1 + k, 0), updates, carry, grads, m)

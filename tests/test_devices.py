@@ -94,25 +94,27 @@ for name, num_stages, n_data, mode, opt_name, schedule, micro in cases:
       "emulator_buffer_bytes": emu.buffer_bytes(st),
   }
 
-# Synchronous schedule: a flush after every chunk (PipeDream-Flush): each micro-batch still completes
-# once, and the first one after a flush sees every earlier update.
+# Synchronous schedule: a flush after every chunk (PipeDream-Flush): each batch still completes
+# once, and the first one after a flush sees every earlier update (1F1B and 2BW alike).
 params, labels, staged = model(4)
-pipe = ps.DevicePipeline(staged, optax.adam(3e-2), labels, mesh=ps.pipeline_mesh(4, jax.devices()[:4]))
-state, steps, losses, direct = pipe.init(params, (xs[0], ys[0])), [], {}, []
-returned = []  # every (step, loss) that run returned with step >= 0: after a finish, none twice
-for c in range(0, M, CHUNK):
-  parts = ps.split_stages(pipe.params(state), labels, 4)
-  direct.append(float(staged.loss(parts, (xs[c], ys[c]))))  # at the weights after the flush
-  state, out = pipe.run(state, (xs[c:c + CHUNK], ys[c:c + CHUNK]))
-  for s, l in zip(*map(np.asarray, out[:2])):
-    if s >= 0:
-      returned.append((int(s), float(l)))
-      steps.append(int(s)); losses[int(s)] = float(l)
-  state, out = pipe.finish(state)
-  steps += [int(i) for i in out[0]]
-  losses.update(zip(map(int, out[0]), map(float, out[1])))
-got["flush"] = {"steps": steps, "first": [losses[c] for c in range(0, M, CHUNK)], "direct": direct,
-                "returned": returned, "programs": pipe._run._cache_size()}
+for name, schedule in (("flush", "1f1b"), ("flush-2bw", "2bw")):
+  pipe = ps.DevicePipeline(staged, optax.adam(3e-2), labels, mesh=ps.pipeline_mesh(4, jax.devices()[:4]),
+                           schedule=schedule)
+  state, steps, losses, direct = pipe.init(params, (xs[0], ys[0])), [], {}, []
+  returned = []  # every (step, loss) that run returned with step >= 0: after a finish, none twice
+  for c in range(0, M, CHUNK):
+    parts = ps.split_stages(pipe.params(state), labels, 4)
+    direct.append(float(staged.loss(parts, (xs[c], ys[c]))))  # at the weights after the flush
+    state, out = pipe.run(state, (xs[c:c + CHUNK], ys[c:c + CHUNK]))
+    for s, l in zip(*map(np.asarray, out[:2])):
+      if s >= 0:
+        returned.append((int(s), float(l)))
+        steps.append(int(s)); losses[int(s)] = float(l)
+    state, out = pipe.finish(state)
+    steps += [int(i) for i in out[0]]
+    losses.update(zip(map(int, out[0]), map(float, out[1])))
+  got[name] = {"steps": steps, "first": [losses[c] for c in range(0, M, CHUNK)], "direct": direct,
+               "returned": returned, "programs": pipe._run._cache_size()}
 
 # One optimizer means per-stage copies in both pipelines: a global-norm clip clips each stage by
 # its own norm (the emulator's merged=True clips over all stages, which no device pipeline can).
@@ -214,8 +216,9 @@ def test_only_live_messages_move_between_stages(got):
     assert r["moved_per_micro_batch"] == r["live_bytes"] * n_data, (name, r)
 
 
-def test_a_flush_completes_the_micro_batches_in_flight_and_restarts_the_fill(got):
-  r = got["flush"]
+@pytest.mark.parametrize("name", ["flush", "flush-2bw"])
+def test_a_flush_completes_the_micro_batches_in_flight_and_restarts_the_fill(got, name):
+  r = got[name]
   assert r["steps"] == list(range(8))
   assert r["programs"] == 1  # the drain runs the chunk's program: one compile for runs and flushes
   assert max(abs(a - b) for a, b in zip(r["first"], r["direct"])) < 1e-12
