@@ -50,7 +50,7 @@ import scipy.linalg
 
 import pipeline_sim as ps
 import rotation
-from experiments import cli, hessian, provenance, sweep
+from experiments import cli, hessian, plots, provenance, sweep
 
 OPTIMIZERS = ("adam", "rotation", "oracle")
 
@@ -289,9 +289,7 @@ def figure(study: Study, got: dict, path: pathlib.Path) -> None:
     ax.set_xlabel("delay tau")
   axes[0].set_ylabel(f"updates to {study.target:g} x initial loss")
   axes[-1].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  plots.save(fig, path)
 
 
 def main(argv=None):

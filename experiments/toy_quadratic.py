@@ -18,7 +18,7 @@ import numpy as np
 import optax
 
 import rotation
-from experiments import cli, sweep
+from experiments import cli, plots, sweep
 
 EIGS = (1.0, 25.0)
 
@@ -80,10 +80,8 @@ def run(out: pathlib.Path, delay: int = 8, lr: float = 0.05, steps: int = 200):
       ax.set_title(f"{'rotated' if angle else 'diagonal'} H, delay {tau}")
       ax.set_aspect("equal")
       ax.legend(fontsize=8, loc="lower left")
-  fig.tight_layout()
   out.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(out, dpi=110)
-  plt.close(fig)
+  plots.save(fig, out)
   return rows
 
 
