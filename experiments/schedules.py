@@ -17,8 +17,11 @@ follow-up's "higher momentum degrades less" (per seed: the gap at b1 = 0.9 minus
 largest b1, > 0). Its third claim, an error-feedback correction recovering 50-90% of the gap, is
 listed as not tested: the rule (its section 3) is not in the text available to this project.
 
-Writes ``report.md``, ``gaps.png`` and ``summary.json`` (``{"command", "hosts", "gaps": [{"schedule",
-"P", "method", "b1", "gap": {"mean", "min", "max", "ci95"}, "seeds"}], "claims": [...]}``).
+Writes ``report.md``, ``gaps.png``, ``summary.json`` (``{"command", "hosts", "gaps": [{"schedule",
+"P", "method", "b1", "gap": {"mean", "min", "max", "ci95"}, "seeds"}], "claims": [...]}``) and
+``curves.json.xz`` with every run but those of the ``--refer`` sources (published elsewhere): so
+``python -m experiments.schedules OUT --refer ... --out OUT`` rebuilds the study from committed curves
+(``docs/results/schedules`` reads its 1F1B runs at P = 1 and 16 from ``docs/results/cpu``).
 """
 
 from __future__ import annotations
@@ -37,19 +40,21 @@ NAMES = {"1f1b": "1F1B", "2bw": "2BW"}
 MOMENTUM_METHODS = ("pipedream", "rotation")
 
 
-def merged_runs(sources, methods=None) -> tuple[list, int]:
-  """The main runs of every source (of ``methods`` only, if given), once each, and the study window
-  (every source's must agree)."""
-  runs, windows = {}, set()
+def merged_runs(sources, methods=None) -> tuple[list, int, dict, list]:
+  """The main runs of every source (of ``methods`` only, if given), once each; the study window
+  (every source's must agree); the run names each source holds; the sweeps that made them."""
+  runs, windows, held, sweeps = {}, set(), {}, []
   for source in sources:
     data = curves.read(source)
     windows.add(data["meta"]["window"])
+    sweeps += [c for c in data["meta"].get("sweeps", [data["meta"].get("command")]) if c not in sweeps]
+    held[source] = {r["name"] for r in data["runs"]}
     for r in data["runs"]:
       if r["group"] == "main" and (not methods or r["config"]["method"] in methods):
         runs.setdefault(r["name"], r)
   if len(windows) != 1:
     raise ValueError(f"the sources smooth with different windows {sorted(windows)}: not one study")
-  return list(runs.values()), windows.pop()
+  return list(runs.values()), windows.pop(), held, sweeps
 
 
 def setting_runs(runs, schedule: str, b1, stages: int) -> list:
@@ -162,17 +167,26 @@ def write(rows, momentum, claims, hosts, out: pathlib.Path, command: str) -> dic
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m experiments.schedules", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("sources", nargs="+", help=f"study folders holding {curves.FILE}")
+  parser.add_argument("sources", nargs="+", help=f"study folders holding {curves.FILE}, whose runs "
+                      "--out keeps")
+  parser.add_argument("--refer", nargs="+", default=[], help="study folders whose runs are read but "
+                      "not copied into --out (published elsewhere)")
   parser.add_argument("--out", required=True, help="where to write report.md, gaps.png, summary.json")
   parser.add_argument("--methods", nargs="+", help="keep only these methods' runs (so that every "
                       "schedule compares the same methods)")
   args = parser.parse_args(argv)
-  runs, window = merged_runs(args.sources, args.methods)
+  runs, window, held, sweeps = merged_runs(args.sources + args.refer, args.methods)
   rows, momentum, claims = study(runs, window)
   if not rows:
     raise ValueError(f"no runs at P > 1 with their P = 1 runs in {args.sources}")
   command = "python -m experiments.schedules " + " ".join(sys.argv[1:] if argv is None else argv)
-  summary = write(rows, momentum, claims, curves.hosts_of(runs), pathlib.Path(args.out), command)
+  out = pathlib.Path(args.out)
+  summary = write(rows, momentum, claims, curves.hosts_of(runs), out, command)
+  # The runs of the --refer sources stay there; every other run goes into --out, so that
+  # ``--out``'s folder as the source, with the same --refer, rebuilds the study from committed curves.
+  elsewhere = set().union(*(held[source] for source in args.refer))
+  curves.write(out / curves.FILE, {"window": window, "command": command, "sweeps": sweeps},
+               [r for r in runs if r["name"] not in elsewhere])
   print(f"wrote {args.out}/report.md: " + "; ".join(
       f"{c['verdict']}: {c['claim']}" for c in summary["claims"]))
   return summary

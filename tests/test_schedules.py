@@ -45,7 +45,7 @@ def test_gaps_per_schedule_both_papers_claims_and_momentum(tmp_path):
     two += [_run(m, 1, s, b1=0.98) for m in ("pipedream", "rotation")] + [_run("pipedream", 1, s)]
   a, b = _write(tmp_path / "a", one), _write(tmp_path / "b", two)
   out = tmp_path / "out"
-  summary = schedules.main([a, b, "--out", str(out)])
+  summary = schedules.main([b, "--refer", a, "--out", str(out)])
   gaps = {(g["schedule"], g["method"], g["b1"]): g for g in summary["gaps"]}
   assert ("1f1b", "pipedream-lr", None) not in gaps
   for (schedule, method, b1), offset in OFFSETS.items():
@@ -63,6 +63,13 @@ def test_gaps_per_schedule_both_papers_claims_and_momentum(tmp_path):
   report = (out / "report.md").read_text()
   assert "| 2BW | 8 | muon | +0.040 [+0.030, +0.050]" in report
   assert "| pipedream | 0.98 | +0.110" in report and (out / "gaps.png").stat().st_size > 0
+  # --out keeps every run but those of --refer; from it (and the same --refer) the study rebuilds
+  kept = {r["name"] for r in curves.read(out)["runs"]}
+  assert kept == {r["name"] for r in two} - {r["name"] for r in one}
+  again = schedules.main([str(out), "--refer", a, "--out", str(out)])
+  assert {k: v for k, v in again.items() if k != "command"} == {k: v for k, v in summary.items()
+                                                                   if k != "command"}
+  assert {r["name"] for r in curves.read(out)["runs"]} == kept
 
 
 def test_sources_of_different_windows_are_refused(tmp_path):
@@ -71,4 +78,4 @@ def test_sources_of_different_windows_are_refused(tmp_path):
   path.mkdir()
   curves.write(path / curves.FILE, {"window": 99, "preset": "t", "command": "c"}, [_run("rotation", 1, 0)])
   with pytest.raises(ValueError, match=r"different windows \[30, 99\]"):
-    schedules.main([a, str(path), "--out", str(tmp_path / "out")])
+    schedules.main([a, "--refer", str(path), "--out", str(tmp_path / "out")])
