@@ -237,14 +237,14 @@ def ablation_claims(groups, window: int, main_tables) -> list[Claim]:
   return out
 
 
-def section(claims: list[Claim], plumbing: bool = False) -> list:
-  """The claims table (or, for a plumbing check, why it has none)."""
+def section(claims: list[Claim], plumbing: bool = False, heading: str = "The paper's claims, checked") -> list:
+  """The claims table under ``## heading`` (or, for a plumbing check, why it has none)."""
   if plumbing:
     return ["## The paper's claims", "", "Not judged: this preset is a plumbing check (too few "
             "steps for the study's quantities to mean anything).", ""]
   if not claims:
     return []
-  return ["## The paper's claims, checked", "",
+  return [f"## {heading}", "",
           "Each claim is one number per seed (paired across methods within the seed); the verdict "
           "compares its Student's t 95% interval with the threshold the paper puts it beyond: "
           "reproduced (the interval on the paper's side), refuted (on the other side), inconclusive "
