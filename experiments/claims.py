@@ -237,7 +237,8 @@ def ablation_claims(groups, window: int, main_tables) -> list[Claim]:
   return out
 
 
-def section(claims: list[Claim], plumbing: bool = False, heading: str = "The paper's claims, checked") -> list:
+def section(claims: list[Claim], plumbing: bool = False,
+            heading: str = "The paper's claims, checked") -> list:
   """The claims table under ``## heading`` (or, for a plumbing check, why it has none)."""
   if plumbing:
     return ["## The paper's claims", "", "Not judged: this preset is a plumbing check (too few "
