@@ -43,7 +43,7 @@ def parse_args(argv=None):
       prog="python -m experiments.sweep", description=__doc__,
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--preset", default="cpu", help=f"one of {sorted(presets_lib.PRESETS)} (default cpu: "
-                      "20 runs, seeds 0 and 1, about half an hour on a 2-core CPU); gpu-95m is the "
+                      "24 runs, seeds 0 and 1, about 25 minutes on a 2-core CPU); gpu-95m is the "
                       "paper's 95M model")
   parser.add_argument("--methods", nargs="+", help=f"methods to run at every P (default: the preset's); "
                       f"known: {sorted(methods_lib.METHODS)}")

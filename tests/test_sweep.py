@@ -253,6 +253,8 @@ def test_rotation_variants_share_rotations_learning_rate():
 def test_the_cpu_preset_shares_one_rate_and_adds_the_tuned_reading():
   plan = sweep.make_plan(sweep.parse_args(["--preset", "cpu", "--seeds", "0", "1"]))
   assert {c.lr for c in plan.main} == {3e-3}
+  assert {c.method for c in plan.main} == {"pipedream", "pipedream-lr", "nesterov", "rotation", "muon"}
+  assert len(plan.main) == 20 and len(plan.ablations) == 4  # the default: 24 runs
   tuned = [(c.method, c.stages, c.seed, c.lr) for g, c in plan.ablations if g == "tuned-lr"]
   assert sorted(tuned) == [("rotation", p, s, 6e-3) for p in (1, 16) for s in (0, 1)]
   plan = sweep.make_plan(sweep.parse_args(["--preset", "cpu", "--lr", "rotation=6e-3"]))
