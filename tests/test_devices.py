@@ -57,7 +57,6 @@ cases = [("adam-ws-P4", 4, 1, "weight_stashing", "adam", "1f1b", None),
          ("adam-2bw-P4", 4, 1, "weight_stashing", "adam", "2bw", None),
          ("adam-2bw-P3-M8", 3, 1, "weight_stashing", "adam", "2bw", 8),
          ("adam-2bw-P2xD2", 2, 2, "weight_stashing", "adam", "2bw", 2),
-         ("rotation-2bw-P4", 4, 1, "weight_stashing", "rotation", "2bw", None),
          ("adam-2bw-P1-M4", 1, 1, "weight_stashing", "adam", "2bw", 4)]
 for name, num_stages, n_data, mode, opt_name, schedule, micro in cases:
   params, labels, staged = model(num_stages)
@@ -265,8 +264,6 @@ def test_2bw_equals_the_emulator_and_a_one_step_delayed_loop_in_float64(got):
     assert r["vs_loop"] < 1e-12, (name, r)
     assert r["programs"] == 1, name  # one compile for the runs and the drain
   assert got["adam-2bw-P4"]["vs_sync"] > 1e-3  # one update behind is not synchronous
-  r = got["rotation-2bw-P4"]  # rotation's eigendecompositions amplify round-off (as above)
-  assert r["steps"] == list(range(8)) and r["loss"] < 1e-6 and r["params"] < 1e-6 and r["vs_loop"] < 1e-6, r
 
 
 def test_2bw_keeps_two_versions_and_moves_m_micro_batches_per_batch(got):
