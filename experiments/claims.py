@@ -35,6 +35,7 @@ class Claim:
   evidence: str  # ours: the per-seed quantity's mean [min, max] and interval, or why none
   verdict: str  # one of VERDICTS
   why: str = ""  # for an inconclusive verdict: what is missing or how many seeds would settle it
+  interval: dict | None = None  # the per-seed quantity's ``metrics.interval`` (None: none)
 
   def row(self) -> str:
     verdict = f"**{self.verdict}**" + (f" ({self.why})" if self.why else "")
@@ -96,7 +97,7 @@ def check(claim: str, paper: str, values, threshold: float, side: int = 1, spec:
           context: str = "") -> Claim:
   """A claim from its per-seed quantity (see ``judge``); ``context`` is prepended to the evidence."""
   verdict, iv, why = judge(values, threshold, side)
-  return Claim(claim, paper, context + describe(values, iv, spec), verdict, why)
+  return Claim(claim, paper, context + describe(values, iv, spec), verdict, why, iv)
 
 
 def _at(rows, method, p):

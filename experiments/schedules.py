@@ -38,6 +38,20 @@ from experiments.tables import curves_by, seed_tables
 PAPER = "arXiv 2606.30634"
 NAMES = {"1f1b": "1F1B", "2bw": "2BW"}
 MOMENTUM_METHODS = ("pipedream", "rotation")
+# The rows of the claims at a glance: (the start of the claim as ``claims.main_claims`` words it,
+# the row's name, the format of its number).
+GLANCE = (("rotation slows down least", "rotation slows down least from P = 1 (smallest baseline's "
+           "slowdown over rotation's, > 1)", "{:.2f}"),
+          ("rotation's lead over the best baseline grows", "rotation's lead grows with staleness "
+           "(staleness gain, > 1)", "{:.2f}"),
+          ("rotation needs fewer iterations", "rotation needs fewer iterations than the best baseline "
+           "(percent, > 0)", "{:+.1f}%"),
+          ("Muon degrades less than AdamW", "Muon degrades less than AdamW (AdamW's final-loss gap minus "
+           "Muon's, > 0)", "{:+.3f}"),
+          ("higher momentum degrades less under 2BW: pipedream", "more momentum shrinks AdamW's gap (gap "
+           "at b1 0.9 minus at the largest b1, > 0)", "{:+.3f}"),
+          ("higher momentum degrades less under 2BW: rotation", "more momentum shrinks rotation's gap "
+           "(as above)", "{:+.3f}"))
 
 
 def merged_runs(sources, methods=None) -> tuple[list, int, dict, list]:
@@ -75,11 +89,12 @@ def gaps(tables, stages: int) -> dict:
   return out
 
 
-def study(runs, window: int) -> tuple[list, list, list]:
-  """``(rows, momentum rows, claims)``: one row per schedule, P and method at each method's own
-  momentum; one per b1 and method of the momentum study; the claims."""
+def study(runs, window: int) -> tuple[list, list, list, dict]:
+  """``(rows, momentum rows, claims, glance)``: one row per schedule, P and method at each method's
+  own momentum; one per b1 and method of the momentum study; the claims; the claims of ``GLANCE``
+  by ``(row, schedule, P)``."""
   schedules = sorted({r["config"].get("schedule", "1f1b") for r in runs if r["config"]["stages"] > 1})
-  rows, claims = [], []
+  rows, claims, glance = [], [], {}
   for schedule in schedules:
     depths = sorted({r["config"]["stages"] for r in runs if r["config"]["stages"] > 1
                      and r["config"].get("schedule", "1f1b") == schedule and r["config"].get("b1") is None})
@@ -91,7 +106,11 @@ def study(runs, window: int) -> tuple[list, list, list]:
       for method, values in gaps(tables, p).items():
         rows.append({"schedule": schedule, "P": p, "method": method, "b1": None, "gaps": values,
                      "gap": claims_lib.judge(values, 0.0)[1], "slowdown": slow.get(method)})
-      claims += claims_lib.main_claims(tables, f" ({NAMES[schedule]}, P = {p})")
+      for c in claims_lib.main_claims(tables, f" ({NAMES[schedule]}, P = {p})"):
+        claims.append(c)
+        row = next((i for i, (start, _, _) in enumerate(GLANCE) if c.claim.startswith(start)), None)
+        if row is not None:
+          glance[(row, schedule, p)] = c
   momentum, top = [], max((r["config"]["stages"] for r in runs if r["config"].get("b1") is not None),
                           default=None)
   if top is not None:
@@ -114,18 +133,46 @@ def study(runs, window: int) -> tuple[list, list, list]:
           f"higher momentum degrades less under 2BW: {method}, b1 0.9 against {values[-1]:g} (final-loss "
           f"gap to P = 1 at P = {top})", f"the higher b1, the smaller the gap ({PAPER})", diffs, 0.0,
           spec="{:+.3f}", context=f"gap at b1 0.9 minus gap at b1 {values[-1]:g}: "))
+      glance[(4 + MOMENTUM_METHODS.index(method), "2bw", top)] = claims[-1]
   claims.append(claims_lib.Claim(
       "an error-feedback correction recovers 50-90% of the remaining gap", f"50-90% ({PAPER})",
       "not tested: the rule (the paper's section 3) is not in the text available here", "inconclusive",
       "not measured"))
-  return rows, momentum, claims
+  return rows, momentum, claims, glance
 
 
 def _cell(values, interval) -> str:
   return claims_lib.describe(values, interval, "{:+.3f}")
 
 
-def write(rows, momentum, claims, hosts, out: pathlib.Path, command: str) -> dict:
+def glance_section(glance: dict) -> list:
+  """Both papers' claims, one row per claim and one column per schedule and P: the verdict, the
+  mean of the per-seed quantity and its 95% interval."""
+  settings = sorted({(s, p) for _, s, p in glance})
+  lines = ["## Both papers' claims at a glance", "",
+           "Verdict, mean over seeds and 95% interval (the claims table below has the evidence); "
+           "the rotation paper's claims are its 1F1B claims, checked under both schedules. The "
+           f"follow-up's ({PAPER}) correction is not tested: its rule is not in the text available here.",
+           "", "| claim | " + " | ".join(f"{NAMES[s]}, P = {p}" for s, p in settings) + " |",
+           "|---|" + "---|" * len(settings)]
+  for row, (_, name, spec) in enumerate(GLANCE):
+    cells = []
+    for s, p in settings:
+      c = glance.get((row, s, p))
+      iv = c.interval if c is not None else None
+      if c is None:
+        cells.append("")
+      elif iv is None or iv["ci95"] is None:
+        cells.append(f"{c.verdict} ({c.why})")
+      else:
+        f = spec.format
+        cells.append(f"**{c.verdict}** {f(iv['mean'])} ({f(iv['ci95'][0])} to {f(iv['ci95'][1])})")
+    if any(cells):
+      lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return lines + [""]
+
+
+def write(rows, momentum, claims, glance, hosts, out: pathlib.Path, command: str) -> dict:
   out.mkdir(parents=True, exist_ok=True)
   lines = ["# Two asynchronous schedules: PipeDream 1F1B and PipeDream-2BW", "",
            f"- made by `{command}`",
@@ -151,7 +198,8 @@ def write(rows, momentum, claims, hosts, out: pathlib.Path, command: str) -> dic
               "| method | b1 | final-loss gap |", "|---|---|---|"]
     lines += [f"| {m['method']} | {m['b1']:g} | {_cell(m['gaps'], m['gap'])} |"
               for m in sorted(momentum, key=lambda m: (m["method"], m["b1"]))]
-  lines += [""] + claims_lib.section(claims, heading="Both papers' claims, checked")
+  lines += [""] + glance_section(glance)
+  lines += claims_lib.section(claims, heading="Both papers' claims, checked")
   lines += ["![final-loss gap to P = 1 per schedule and method](gaps.png)", ""]
   (out / "report.md").write_text("\n".join(lines))
   plots.schedule_gaps(rows, out / "gaps.png")
@@ -176,12 +224,12 @@ def main(argv=None):
                       "schedule compares the same methods)")
   args = parser.parse_args(argv)
   runs, window, held, sweeps = merged_runs(args.sources + args.refer, args.methods)
-  rows, momentum, claims = study(runs, window)
+  rows, momentum, claims, glance = study(runs, window)
   if not rows:
     raise ValueError(f"no runs at P > 1 with their P = 1 runs in {args.sources}")
   command = "python -m experiments.schedules " + " ".join(sys.argv[1:] if argv is None else argv)
   out = pathlib.Path(args.out)
-  summary = write(rows, momentum, claims, curves.hosts_of(runs), out, command)
+  summary = write(rows, momentum, claims, glance, curves.hosts_of(runs), out, command)
   # The runs of the --refer sources stay there; every other run goes into --out, so that
   # ``--out``'s folder as the source, with the same --refer, rebuilds the study from committed curves.
   elsewhere = set().union(*(held[source] for source in args.refer))

@@ -63,6 +63,12 @@ def test_gaps_per_schedule_both_papers_claims_and_momentum(tmp_path):
   report = (out / "report.md").read_text()
   assert "| 2BW | 8 | muon | +0.040 [+0.030, +0.050]" in report
   assert "| pipedream | 0.98 | +0.110" in report and (out / "gaps.png").stat().st_size > 0
+  glance = report.split("## Both papers' claims at a glance")[1].split("## ")[0]
+  assert "| claim | 1F1B, P = 8 | 2BW, P = 8 |" in glance
+  muon_row = next(line for line in glance.splitlines() if line.startswith("| Muon degrades less"))
+  assert muon_row.count("**reproduced**") == 2 and "+0.100 (" in muon_row  # 1F1B: 0.81 - 0.71
+  adamw_momentum = next(line for line in glance.splitlines() if "AdamW's gap" in line)
+  assert adamw_momentum.split(" | ")[1:] == ["", "**reproduced** +0.150 (+0.150 to +0.150) |"]
   # --out keeps every run but those of --refer; from it (and the same --refer) the study rebuilds
   kept = {r["name"] for r in curves.read(out)["runs"]}
   assert kept == {r["name"] for r in two} - {r["name"] for r in one}
