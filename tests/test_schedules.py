@@ -19,7 +19,8 @@ def _run(method, stages, seed, offset=0.0, schedule=None, b1=None):
   config.update({"b1": b1} if b1 is not None else {})
   name = f"{method}_P{stages}_{schedule}_{b1}_s{seed}"
   return {"group": "main", "name": name, "status": "finished", "config": config,
-          "losses": list(losses), "val_steps": [], "val_losses": [], "host": {"cpu": "test", "cores": 2}}
+          "losses": list(losses), "val_steps": [STEPS], "val_losses": [float(losses[-1]) + 0.5],
+          "host": {"cpu": "test", "cores": 2}}
 
 
 def _write(path, runs):
@@ -61,7 +62,7 @@ def test_gaps_per_schedule_both_papers_claims_and_momentum(tmp_path):
   assert verdicts["an error-feedback correction recovers 50-90% of the remaining gap"] == "inconclusive"
   assert json.loads((out / "summary.json").read_text()) == summary
   report = (out / "report.md").read_text()
-  assert "| 2BW | 8 | muon | +0.040 [+0.030, +0.050]" in report
+  assert "| 2BW | 8 | muon | +0.040 [+0.030, +0.050], CI +0.015 to +0.065 | +0.040 [+0.030, +0.050]" in report
   assert "| pipedream | 0.98 | +0.110" in report and (out / "gaps.png").stat().st_size > 0
   glance = report.split("## Both papers' claims at a glance")[1].split("## ")[0]
   assert "| claim | 1F1B, P = 8 | 2BW, P = 8 |" in glance
