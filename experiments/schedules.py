@@ -187,27 +187,29 @@ def glance_section(glance: dict) -> list:
   return lines + [""]
 
 
-def write(rows, momentum, claims, glance, hosts, out: pathlib.Path, command: str) -> dict:
+def write(rows, momentum, claims, glance, hosts, out: pathlib.Path, command: str, sweeps=()) -> dict:
   out.mkdir(parents=True, exist_ok=True)
   lines = ["# Two asynchronous schedules: PipeDream 1F1B and PipeDream-2BW", "",
            f"- made by `{command}`",
            "- runs from " + ("one CPU: " if len(hosts) == 1 else "**more than one CPU**: ")
            + "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in hosts),
            "- 1F1B: stage k lags P - 1 - k updates; 2BW: every stage one update behind whatever P "
-           "(gradients at W(t - 1)); P = 1 is the same synchronous run for both", "",
+           "(gradients at W(t - 1)); P = 1 is the same synchronous run for both",
+           *[f"- runs of `{c}`" for c in sweeps], "",
            "## Final-loss gap to P = 1", "",
            "Final smoothed training loss at P minus at P = 1, paired by seed: mean [min, max] over "
            "seeds and Student's t 95% interval; each method at its own momentum. Beside it the same "
            "for the final validation loss (the follow-up's measure; after the last update, 4 held-out "
            "batches). The headline slowdown is the study's (the median over loss levels of "
            "t_P / t_1).", "",
-           "| schedule | P | method | final-loss gap | validation-loss gap | headline slowdown |",
-           "|---|---|---|---|---|---|"]
+           "| schedule | P | method | seeds | final-loss gap | validation-loss gap | headline slowdown |",
+           "|---|---|---|---|---|---|---|"]
   for r in rows:
     s = r["slowdown"]
     slow = "" if s is None else claims_lib.describe(
         s["slowdown_levels_seeds"], metrics.interval(s["slowdown_levels_seeds"]))
-    lines.append(f"| {NAMES[r['schedule']]} | {r['P']} | {r['method']} | {_cell(r['gaps'], r['gap'])} "
+    lines.append(f"| {NAMES[r['schedule']]} | {r['P']} | {r['method']} | {len(r['gaps'])} | "
+                 f"{_cell(r['gaps'], r['gap'])} "
                  f"| {_cell(r['val_gaps'], r['val_gap'])} | {slow} |")
   if momentum:
     lines += ["", "## Momentum under 2BW", "",
@@ -247,7 +249,7 @@ def main(argv=None):
     raise ValueError(f"no runs at P > 1 with their P = 1 runs in {args.sources}")
   command = "python -m experiments.schedules " + " ".join(sys.argv[1:] if argv is None else argv)
   out = pathlib.Path(args.out)
-  summary = write(rows, momentum, claims, glance, curves.hosts_of(runs), out, command)
+  summary = write(rows, momentum, claims, glance, curves.hosts_of(runs), out, command, sweeps)
   # The runs of the --refer sources stay there; every other run goes into --out, so that
   # ``--out``'s folder as the source, with the same --refer, rebuilds the study from committed curves.
   elsewhere = set().union(*(held[source] for source in args.refer))
