@@ -27,10 +27,10 @@ backward (rematerialisation at stage boundaries), so only stage inputs are kept 
 PipeDream-2BW (``schedule="2bw"``; Narayanan et al., 2021, docs/algorithms.md section 1): the same
 1F1B phases over a stream of micro-batches, M >= P of them per batch (``micro_batches``, default P),
 each a contiguous 1/M of the batch's rows. Every micro-batch of batch t runs its forward and
-backward on the stage's version ``W_{t-1}`` (``W_0`` for t = 0, and ``W_t`` for the first batch after
-a flush, which starts a new fill); the stage sums their gradients and
-applies the batch's mean gradient once, at the backward of the batch's last micro-batch: update t
-applies the gradient at ``W_{t-1}`` to ``W_t``, a delay of one update at every stage whatever P. A
+backward on the stage's version ``W_{t-1}`` (``W_0`` for t = 0, and ``W_t`` for the first batch
+after a flush, which starts a new fill); the stage sums their gradients and applies the batch's
+mean gradient once, at the backward of the batch's last micro-batch: update t applies the gradient
+at ``W_{t-1}`` to ``W_t``, a delay of one update at every stage whatever P. A
 stage keeps two versions (its current weights and the previous ones) and a gradient accumulator;
 with M >= P the version a micro-batch needs is always one of the two (batch t's first forward at
 stage k comes after the backward of micro-batch ``tM - P + k``, which completes batch t - 2's update
@@ -175,11 +175,11 @@ class DevicePipeline:
   Example::
 
     pipe = DevicePipeline(Staged(stage_fns, loss_of), optax.adamw(1e-3), labels)
-    state = pipe.init(params, first_micro_batch)
+    state = pipe.init(params, first_batch)  # shapes only
     for chunk in chunks:  # leaves (C, batch, ...)
       state, (steps, losses, grad_norms) = pipe.run(state, chunk)  # -1 where none completed
     state, (steps, losses, grad_norms) = pipe.finish(state)  # the last lag batches
-    params = pipe.params(state)  # = the emulator's after the same micro-batches
+    params = pipe.params(state)  # = the emulator's after the same batches
   """
 
   def __init__(self, staged: Staged, optimizer, labels, mode: str = "weight_stashing",
