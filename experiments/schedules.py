@@ -110,12 +110,13 @@ def study(runs, window: int) -> tuple[list, list, list, dict]:
     depths = sorted({r["config"]["stages"] for r in runs if r["config"]["stages"] > 1
                      and r["config"].get("schedule", "1f1b") == schedule and r["config"].get("b1") is None})
     for p in depths:
-      tables = seed_tables(curves_by(setting_runs(runs, schedule, None, p)), window)
+      chosen = setting_runs(runs, schedule, None, p)
+      curves_of = curves_by(chosen)
+      tables = seed_tables(curves_of, window)
       if not tables:
         continue
       slow = {r["method"]: r for r in metrics.aggregate(tables) if r["stages"] == p}
-      chosen = setting_runs(runs, schedule, None, p)
-      seeds = sorted(set.intersection(*(set(v) for v in curves_by(chosen).values())))
+      seeds = sorted(set.intersection(*(set(v) for v in curves_of.values())))  # seed_tables' seeds
       for method, values in gaps(tables, p).items():
         val = val_gaps(chosen, method, p, seeds)
         rows.append({"schedule": schedule, "P": p, "method": method, "b1": None, "gaps": values,
