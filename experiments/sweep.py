@@ -4,7 +4,9 @@ Runs every (method, P, seed) of a preset plus the chosen ablations, each as an e
 asynchronous pipeline, then writes ``results.csv``, ``report.md`` and PNG figures into one folder.
 Running the same command again skips finished runs and resumes unfinished ones from their last
 checkpoint; a run's folder is named by everything that changes its numbers (settings, data hash,
-vocabulary), so a run is never reused with other settings or other data.
+vocabulary), so a run is never reused with other settings or other data. ``--finished-only
+--publish DIR`` reports the runs that have finished so far (of a sweep in progress or interrupted)
+into DIR, training nothing.
 """
 
 from __future__ import annotations
@@ -107,6 +109,11 @@ def parse_args(argv=None):
   parser.add_argument("--dry-run", action="store_true", help="print the plan (every run, cached or "
                       "not) with each unfinished run's compiled FLOPs per step, memory and estimated "
                       "time from one timed chunk; trains nothing")
+  parser.add_argument("--finished-only", action="store_true", help="report the plan's runs that have "
+                      "finished in --out into the --publish folder (required), training nothing: a look "
+                      "at a sweep in progress (another process may be training in --out), or the "
+                      "finished part of an interrupted one. A seed missing some of its runs enters only "
+                      "the numbers its finished runs give")
   parser.add_argument("--diagnose-every", type=int, help="log update diagnostics every N steps (a "
                       "multiple of the chunk; opt-in, emulated weight_stashing/no_stashing runs): per "
                       "stage, the cosine of stale and fresh updates and the sign-flip rate along the top "
@@ -246,6 +253,9 @@ def make_preset(args) -> presets_lib.Preset:
 
 def make_plan(args) -> Plan:
   """All run configs, validated before any training starts."""
+  if args.finished_only and (not args.publish or args.tune_lr or args.dry_run):
+    raise ValueError("--finished-only writes its report into --publish (required) and cannot be "
+                     "combined with --tune-lr or --dry-run")
   preset = make_preset(args)
   method_names = tuple(args.methods or preset.methods)
   for m in method_names:
@@ -592,6 +602,23 @@ def study_meta(preset, ds, stages, command: str) -> dict:
           "setting": setting, "deviations": deviations(preset, ds, stages), "plumbing": preset.plumbing}
 
 
+def report_finished(plan, ds, out: pathlib.Path, target: pathlib.Path, command: str) -> pathlib.Path:
+  """Writes the curves file and the report of the runs of ``plan`` that have finished in ``out`` into
+  ``target``; trains nothing and writes nothing in ``out`` (a sweep may be training there)."""
+  every = [("main", c) for c in plan.main] + list(plan.ablations)
+  records = [curves.record(group, result) for group, c in every
+             if (result := runs.load_result(run_dir(c, ds, out))) is not None]
+  if not records:
+    raise ValueError(f"--finished-only: no run of this plan has finished in {str(out)!r}")
+  target.mkdir(parents=True, exist_ok=True)
+  for old in target.glob("*.png"):
+    old.unlink()
+  curves.write(target / curves.FILE, study_meta(plan.preset, ds, plan.stages, command), records)
+  report.build(target, command=command)
+  print(f"{len(records)} of {len(every)} runs finished: {target / 'report.md'}")
+  return target
+
+
 def main(argv=None) -> pathlib.Path:
   args = parse_args(argv)
   provenance.code_version()  # read now (cached): a commit made while the sweep runs is not this code
@@ -607,6 +634,9 @@ def main(argv=None) -> pathlib.Path:
   if args.dry_run:
     memory_lib.dry_run([("main", c) for c in plan.main] + list(plan.ablations), ds, out)
     return out
+  if args.finished_only:
+    command = "python -m experiments.sweep " + " ".join(sys.argv[1:] if argv is None else argv)
+    return report_finished(plan, ds, out, pathlib.Path(args.publish), command.strip())
   out = prepare_out(out)
   with exclusive(out) if processes.is_primary() else contextlib.nullcontext():
     print(f"sweep '{preset.name}': {len(plan.main) + len(plan.ablations)} runs -> {out.resolve()}")

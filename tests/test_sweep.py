@@ -60,6 +60,20 @@ def test_smoke_sweep_end_to_end(tmp_path):
   assert header.startswith(f"- made by `python -m experiments.sweep --preset smoke --out {out} --publish")
   assert f"commit(s) {str(provenance.code_version()['commit'])[:12]}" in header
   assert "s of training over 4 distinct runs" in header
+  # --finished-only reports the finished runs of a plan (here seed 1 has none) into --publish,
+  # training nothing and writing nothing in --out (a sweep may be training there).
+  files = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+  sweep.main(["--preset", "smoke", "--seeds", "0", "1", "--out", str(out), "--finished-only",
+              "--publish", str(tmp_path / "part")])
+  assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == files
+  part = json.loads((tmp_path / "part" / "summary.json").read_text())
+  assert part["headline"] == summary["headline"]
+  assert "--finished-only" in (tmp_path / "part" / "report.md").read_text().splitlines()[2]
+  with pytest.raises(ValueError, match="no run of this plan has finished"):
+    sweep.main(["--preset", "smoke", "--seeds", "5", "--out", str(out), "--finished-only",
+                "--publish", str(tmp_path / "none")])
+  with pytest.raises(ValueError, match="--publish"):
+    sweep.main(["--preset", "smoke", "--out", str(out), "--finished-only"])
 
 
 class _Interrupt(Exception):
