@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import PIL.Image  # noqa: E402
 
@@ -150,9 +151,12 @@ def gain_vs_horizon(rows, path: pathlib.Path, paper_t_per_delay: float) -> None:
                 xytext=(5, 5), textcoords="offset points")
   ax.axhline(1.0, color="gray", lw=0.8)
   ax.axvline(paper_t_per_delay, color="C3", ls="--", lw=1)
-  ax.text(paper_t_per_delay, ax.get_ylim()[1], " the paper's regime (about)", color="C3", fontsize=7,
-          va="top")
+  ax.text(paper_t_per_delay, ax.get_ylim()[1], "the paper's regime (about) ", color="C3", fontsize=7,
+          va="top", ha="right")
   ax.set_xscale("log")
+  ticks = sorted({r["T"] / r["tau_max"] for r in rows} | {paper_t_per_delay})
+  ax.set_xticks(ticks, [f"{t:,.0f}" for t in ticks])
+  ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
   ax.set_xlabel("T / tau_max (training steps per step of the largest delay)")
   ax.set_ylabel("rotation's staleness gain (> 1: lead grows)")
   ax.set_title("95% interval where there are several seeds, else the single value", fontsize=9)
