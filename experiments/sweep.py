@@ -112,8 +112,8 @@ def parse_args(argv=None):
   parser.add_argument("--finished-only", action="store_true", help="report the plan's runs that have "
                       "finished in --out into the --publish folder (required), training nothing: a look "
                       "at a sweep in progress (another process may be training in --out), or the "
-                      "finished part of an interrupted one. A seed missing some of its runs enters only "
-                      "the numbers its finished runs give")
+                      "finished part of an interrupted one. The report's seed statistics count only "
+                      "the seeds that hold every method's runs (--methods narrows that)")
   parser.add_argument("--diagnose-every", type=int, help="log update diagnostics every N steps (a "
                       "multiple of the chunk; opt-in, emulated weight_stashing/no_stashing runs): per "
                       "stage, the cosine of stale and fresh updates and the sign-flip rate along the top "
@@ -540,6 +540,13 @@ def exclusive(out: pathlib.Path):
     yield
 
 
+def _clear_figures(target: pathlib.Path) -> None:
+  """Creates ``target`` and removes its figures (another report's would be left beside this one's)."""
+  target.mkdir(parents=True, exist_ok=True)
+  for old in target.glob("*.png"):
+    old.unlink()
+
+
 def publish(out: pathlib.Path, target: pathlib.Path, files=None) -> None:
   """Copies a sweep's report, table and the figures its report shows (not its runs, nor figures
   left in ``out`` by other sweeps), or ``files`` (a report first, then figures), into ``target``,
@@ -548,9 +555,7 @@ def publish(out: pathlib.Path, target: pathlib.Path, files=None) -> None:
     shown = re.findall(r"!\[[^\]]*\]\(([^)/]+\.png)\)", (out / "report.md").read_text())
     files = [out / "report.md", out / "results.csv", out / "summary.json", out / curves.FILE,
              *(out / f for f in dict.fromkeys(shown))]
-  target.mkdir(parents=True, exist_ok=True)
-  for old in target.glob("*.png"):
-    old.unlink()
+  _clear_figures(target)
   for f in files:
     shutil.copyfile(f, target / f.name)
   figures = sum(f.suffix == ".png" for f in files)
@@ -610,9 +615,7 @@ def report_finished(plan, ds, out: pathlib.Path, target: pathlib.Path, command: 
              if (result := runs.load_result(run_dir(c, ds, out))) is not None]
   if not records:
     raise ValueError(f"--finished-only: no run of this plan has finished in {str(out)!r}")
-  target.mkdir(parents=True, exist_ok=True)
-  for old in target.glob("*.png"):
-    old.unlink()
+  _clear_figures(target)
   curves.write(target / curves.FILE, study_meta(plan.preset, ds, plan.stages, command), records)
   report.build(target, command=command)
   print(f"{len(records)} of {len(every)} runs finished: {target / 'report.md'}")
@@ -634,9 +637,9 @@ def main(argv=None) -> pathlib.Path:
   if args.dry_run:
     memory_lib.dry_run([("main", c) for c in plan.main] + list(plan.ablations), ds, out)
     return out
+  command = ("python -m experiments.sweep " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
   if args.finished_only:
-    command = "python -m experiments.sweep " + " ".join(sys.argv[1:] if argv is None else argv)
-    return report_finished(plan, ds, out, pathlib.Path(args.publish), command.strip())
+    return report_finished(plan, ds, out, pathlib.Path(args.publish), command)
   out = prepare_out(out)
   with exclusive(out) if processes.is_primary() else contextlib.nullcontext():
     print(f"sweep '{preset.name}': {len(plan.main) + len(plan.ablations)} runs -> {out.resolve()}")
@@ -657,12 +660,11 @@ def main(argv=None) -> pathlib.Path:
       ablation_results = [(a, r) for (a, _), r in zip(plan.ablations, every[len(plan.main):])]
     wall = time.time() - t0
     if processes.is_primary():
-      command = "python -m experiments.sweep " + " ".join(sys.argv[1:] if argv is None else argv)
-      meta = study_meta(preset, ds, plan.stages, command.strip())
+      meta = study_meta(preset, ds, plan.stages, command)
       records = [curves.record("main", r) for r in main_results]
       records += [curves.record(a, r) for a, r in ablation_results]
       curves.write(out / curves.FILE, meta, records)
-      report.build(out, command=command.strip())
+      report.build(out, command=command)
       if args.publish:
         publish(out, pathlib.Path(args.publish))
   print(f"done in {wall:.0f}s: {out / 'report.md'}")
