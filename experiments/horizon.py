@@ -9,7 +9,7 @@ rotation's staleness gain over the best baseline with its 95% interval and verdi
 final smoothed loss at P = 1 and at P with their gap. Writes ``report.md``, ``horizon.png`` (the
 gain against ``T / tau_max`` with its interval, the paper's regime marked) and ``summary.json``
 with ``gain_vs_horizon: [{"T", "P", "method", "gain": {"mean", "min", "max", "ci95"}, "seeds",
-"verdict"}]``.
+"verdict", "per_seed"}]`` (``per_seed``: the gain of each seed, in seed order).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def write(rows, hosts, out: pathlib.Path, command: str) -> dict:
   plots.gain_vs_horizon(rows, out / "horizon.png", PAPER_T_PER_DELAY)
   summary = {"command": command, "hosts": hosts, "gain_vs_horizon": [
       {"T": r["T"], "P": str(r["P"]), "method": "rotation", "seeds": r["seeds"],
-       "verdict": r["verdict"],
+       "verdict": r["verdict"], "per_seed": r["gains"],
        "gain": ({k: r["gain"][k] for k in ("mean", "min", "max", "ci95")} if r["gain"] else None)}
       for r in rows]}
   (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -137,8 +137,9 @@ def panels(by_panel: dict, path: pathlib.Path, title: str, xlabel: str) -> None:
 
 
 def gain_vs_horizon(rows, path: pathlib.Path, paper_t_per_delay: float) -> None:
-  """Rotation's staleness gain per horizon (``experiments.horizon``'s rows) against ``T / tau_max``,
-  with its 95% interval (or the single seed), the paper's regime marked."""
+  """Rotation's staleness gain per horizon (``experiments.horizon``'s rows) against ``T / tau_max``:
+  its mean with the 95% interval (or the single seed) and each seed's value, the paper's regime
+  marked."""
   fig, ax = plt.subplots(figsize=(6, 4))
   for r in rows:
     x = r["T"] / r["tau_max"]
@@ -147,6 +148,8 @@ def gain_vs_horizon(rows, path: pathlib.Path, paper_t_per_delay: float) -> None:
     lo, hi = r["gain"]["ci95"] or (r["gain"]["min"], r["gain"]["max"])
     ax.errorbar([x], [r["gain"]["mean"]], yerr=[[r["gain"]["mean"] - lo], [hi - r["gain"]["mean"]]],
                 marker="o", capsize=4, color="C0")
+    seeds = [g for g in r["gains"] if g is not None]
+    ax.scatter([x * 0.94] * len(seeds), seeds, s=12, facecolors="none", edgecolors="k", lw=0.8)
     ax.annotate(f"T = {r['T']}, {r['seeds']} seed(s)", (x, r["gain"]["mean"]), fontsize=7,
                 xytext=(5, 5), textcoords="offset points")
   ax.axhline(1.0, color="gray", lw=0.8)
@@ -159,7 +162,7 @@ def gain_vs_horizon(rows, path: pathlib.Path, paper_t_per_delay: float) -> None:
   ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
   ax.set_xlabel("T / tau_max (training steps per step of the largest delay)")
   ax.set_ylabel("rotation's staleness gain (> 1: lead grows)")
-  ax.set_title("95% interval where there are several seeds, else the single value", fontsize=9)
+  ax.set_title("mean and 95% interval over seeds; open circles (left): each seed", fontsize=9)
   ax.grid(alpha=0.3)
   save(fig, path)
 

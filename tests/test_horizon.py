@@ -33,6 +33,8 @@ def test_the_gain_per_horizon_with_its_interval_and_verdict(tmp_path):
   got = {g["T"]: g for g in summary["gain_vs_horizon"]}
   assert abs(got[600]["gain"]["mean"] - 0.5) < 0.05 and got[600]["verdict"] == "refuted"
   assert got[600]["gain"]["ci95"][1] < 1.0 and got[600]["seeds"] == 3 and got[600]["P"] == "8"
+  assert len(got[600]["per_seed"]) == 3 and max(abs(g - 0.5) for g in got[600]["per_seed"]) < 0.05
+  assert np.isclose(np.mean(got[600]["per_seed"]), got[600]["gain"]["mean"])
   assert abs(got[1200]["gain"]["mean"] - 2.0) < 0.1 and got[1200]["gain"]["ci95"] is None
   assert got[1200]["verdict"] == "inconclusive"  # one seed: no interval
   assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
