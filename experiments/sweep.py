@@ -283,9 +283,10 @@ def make_plan(args) -> Plan:
     return config
 
   main = tuple(make(s)(m, p) for s in seeds for m in method_names for p in stages)
-  tuned = () if args.lr or args.tune_lr else tuple(  # a chosen rate replaces the preset's readings
-      (report.TUNED, make(s)(m, p, lr=lr)) for s in seeds for m, lr in preset.tuned_rates
-      if m in method_names and lr != preset.learning_rate(m) for p in stages)
+  if args.lr or args.tune_lr:  # a chosen rate replaces the preset's readings (and its report's mention)
+    preset = dataclasses.replace(preset, tuned_rates=())
+  tuned = tuple((report.TUNED, make(s)(m, p, lr=lr)) for s in seeds for m, lr in preset.tuned_rates
+                if m in method_names and lr != preset.learning_rate(m) for p in stages)
   extra = tuned + tuple((a, c) for s in seeds for a, ab in chosen for c in ab.runs(make(s), max(stages)))
   used = {c.method for c in main} | {c.method for _, c in extra}
   unused = sorted({m for m, _ in preset.learning_rates} - used - {"default"})

@@ -273,6 +273,7 @@ def test_the_cpu_preset_shares_one_rate_and_adds_the_tuned_reading():
   assert sorted(tuned) == [("rotation", p, s, 6e-3) for p in (1, 16) for s in (0, 1)]
   plan = sweep.make_plan(sweep.parse_args(["--preset", "cpu", "--lr", "rotation=6e-3"]))
   assert not [g for g, _ in plan.ablations]  # a chosen rate replaces the readings
+  assert not plan.preset.tuned_rates  # and the report does not name them
 
 
 @pytest.mark.parametrize("values,expected", [
