@@ -248,7 +248,9 @@ def make_preset(args) -> presets_lib.Preset:
   if args.diagnose_steps is not None:
     over["diagnose_steps"] = args.diagnose_steps
   return dataclasses.replace(preset, template=dataclasses.replace(t, **over),
-                             learning_rates=_learning_rates(preset, args.lr))
+                             learning_rates=_learning_rates(preset, args.lr),
+                             # a chosen rate replaces the preset's tuned readings
+                             tuned_rates=() if args.lr or args.tune_lr else preset.tuned_rates)
 
 
 def make_plan(args) -> Plan:
@@ -283,8 +285,6 @@ def make_plan(args) -> Plan:
     return config
 
   main = tuple(make(s)(m, p) for s in seeds for m in method_names for p in stages)
-  if args.lr or args.tune_lr:  # a chosen rate replaces the preset's readings (and its report's mention)
-    preset = dataclasses.replace(preset, tuned_rates=())
   tuned = tuple((report.TUNED, make(s)(m, p, lr=lr)) for s in seeds for m, lr in preset.tuned_rates
                 if m in method_names and lr != preset.learning_rate(m) for p in stages)
   extra = tuned + tuple((a, c) for s in seeds for a, ab in chosen for c in ab.runs(make(s), max(stages)))
