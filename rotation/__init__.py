@@ -1,13 +1,24 @@
 """Basis rotation: Adam in a rotated Kronecker-factored eigenbasis, as Optax transformations."""
 
+from rotation.dims import (
+    ATTENTION_OUT,
+    ATTENTION_QKV,
+    LINEAR,
+    RotationDimensionNumbers,
+    stacked,
+)
 from rotation.eigenbasis import eigh_descending
 from rotation.refresh import ALLOCATIONS, refresh_budget, stage_aware_refresh
+from rotation.sharding import state_sharding
 from rotation.transform import (
+    DEFAULT_BLOCK_SIZE,
+    FIRST_MOMENTS,
     FIRST_ORDER_STEPS,
     GEOMETRIES,
+    SECOND_MOMENTS,
     SOURCES,
     BasisRotationState,
-    RotationGroup,
+    RotationPiece,
     basis_rotation,
     leaf_bases,
     scale_by_adam,
@@ -15,7 +26,9 @@ from rotation.transform import (
 )
 
 __all__ = [
-    "ALLOCATIONS", "FIRST_ORDER_STEPS", "GEOMETRIES", "SOURCES", "BasisRotationState",
-    "RotationGroup", "basis_rotation", "eigh_descending", "leaf_bases", "refresh_budget",
-    "scale_by_adam", "scale_by_basis_rotation", "stage_aware_refresh",
+    "ALLOCATIONS", "ATTENTION_OUT", "ATTENTION_QKV", "DEFAULT_BLOCK_SIZE", "FIRST_MOMENTS",
+    "FIRST_ORDER_STEPS", "GEOMETRIES", "LINEAR", "SECOND_MOMENTS", "SOURCES", "BasisRotationState",
+    "RotationDimensionNumbers", "RotationPiece", "basis_rotation", "eigh_descending", "leaf_bases",
+    "refresh_budget", "scale_by_adam", "scale_by_basis_rotation", "stacked", "stage_aware_refresh",
+    "state_sharding",
 ]

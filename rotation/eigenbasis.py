@@ -1,7 +1,8 @@
 """Per-matrix eigenbasis estimation: cold start, warm QR power-iteration refresh, sorting.
 
 Everything here works on one float32 matrix side at a time and uses full-precision matmuls
-(``Precision.HIGHEST``) so that GPUs do not silently fall back to TF32.
+(``Precision.HIGHEST``) so that GPUs do not silently fall back to TF32. ``nu`` may be one second
+moment or a tuple of them (Adam's ``nu`` and AMSGrad's ``nu_max``): each is permuted alike.
 
 Notation (docs/algorithms.md section 2): a side's basis ``Q`` has one column per eigenvector, ordered by
 *descending* eigenvalue; ``S`` is that side's statistic (``L = E[G G^T]`` or ``R = E[G^T G]`` for
@@ -17,9 +18,15 @@ HIGHEST = jax.lax.Precision.HIGHEST
 COLD_START_JITTER = 1e-30
 
 
-def mm(a, b):
-  """Full-precision float32 matrix product."""
-  return jnp.matmul(a, b, precision=HIGHEST)
+def mm(a, b, precision=HIGHEST):
+  """Matrix product, at full float32 precision unless told otherwise."""
+  return jnp.matmul(a, b, precision=precision)
+
+
+def _take(nu, order, axis):
+  """``nu`` (an array or a tuple of them: every second moment of the inner state) permuted along
+  ``axis``."""
+  return jax.tree.map(lambda v: jnp.take(v, order, axis=axis), nu)
 
 
 def eigh_descending(stat):
@@ -149,7 +156,7 @@ def warm_refresh_second(q, stat, nu, axis, method: str = "qr"):
   """
   sq = mm(stat, q)
   order = descending_order(q, sq)
-  return orthonormalize(sq[:, order], method), jnp.take(nu, order, axis=axis)  # S (Q P) = (S Q) P
+  return orthonormalize(sq[:, order], method), _take(nu, order, axis)  # S (Q P) = (S Q) P
 
 
 def first_order_bases(m, ql, qr, nu, step="paper", method: str = "qr"):
@@ -169,11 +176,11 @@ def first_order_bases(m, ql, qr, nu, step="paper", method: str = "qr"):
   if ql is not None:
     mtq = mm(m.T, ql)  # (n, m)
     order = jnp.argsort(-jnp.sum(mtq * mtq, axis=0), stable=True)
-    ql, mtq, nu = ql[:, order], mtq[:, order], jnp.take(nu, order, axis=0)
+    ql, mtq, nu = ql[:, order], mtq[:, order], _take(nu, order, 0)
   if qr is not None:
     mq = mm(m, qr)  # (m, n)
     order = jnp.argsort(-jnp.sum(mq * mq, axis=0), stable=True)
-    qr, mq, nu = qr[:, order], mq[:, order], jnp.take(nu, order, axis=1)
+    qr, mq, nu = qr[:, order], mq[:, order], _take(nu, order, 1)
   if ql is not None and qr is not None:
     return orthonormalize(mq, method), orthonormalize(mtq, method), nu
   if ql is not None:

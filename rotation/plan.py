@@ -1,89 +1,122 @@
-"""Which leaves basis rotation rotates, on which sides, grouped by matrix shape (one batched refresh
-per group); the rotations in and out; bases given by the user or drawn at random, looked up by
-path; and the checks of the leaves and refresh periods (``rotation.transform`` uses them)."""
+"""Which leaves basis rotation rotates, as which matrices, on which sides (``rotation.transform``
+uses it): the per-leaf static plan from the dimension numbers, the rotations in and out, bases
+given by the user or drawn at random, and the checks of the leaves and the integer options."""
 
 from __future__ import annotations
 
-import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from rotation import dims
 from rotation import eigenbasis as eb
 
 
-def _matrix_shape(shape):
-  return math.prod(shape[:-1]), shape[-1]
-
-
-def _rotated_sides(shape, selected, geometry, max_dim):
-  """Static (rotate_left, rotate_right) for a leaf of ``shape``.
-
-  Unilateral geometry rotates the smaller side, and the *input* side of a square matrix, as the
-  paper does. Flax kernels are (in, out), the transpose of PyTorch's (out, in), so the input side
-  is the left one: rotate left when ``rows <= cols``, else right.
-  """
-  if not selected or len(shape) < 2:
-    return False, False
-  m, n = _matrix_shape(shape)
-  left, right = (True, True) if geometry == "bilateral" else (m <= n, m > n)
-  return left and m <= max_dim, right and n <= max_dim
-
-
-def _rotate_in(g, ql, qr):
+def _rotate_in(g, ql, qr, precision=eb.HIGHEST):
   if ql is not None:
-    g = eb.mm(ql.T, g)
+    g = eb.mm(ql.T, g, precision)
   if qr is not None:
-    g = eb.mm(g, qr)
+    g = eb.mm(g, qr, precision)
   return g
 
 
-def _rotate_out(u, ql, qr):
+def _rotate_out(u, ql, qr, precision=eb.HIGHEST):
   if ql is not None:
-    u = eb.mm(ql, u)
+    u = eb.mm(ql, u, precision)
   if qr is not None:
-    u = eb.mm(u, qr.T)
+    u = eb.mm(u, qr.T, precision)
   return u
 
 
-class _GroupPlan(NamedTuple):
-  """Static layout of one group."""
+class LeafPlan(NamedTuple):
+  """Static plan of one rotated leaf."""
 
-  members: tuple  # positions of its matrices among the flattened leaves
-  shape: tuple  # (m, n) of each matrix
-  left: bool  # left side rotated
-  right: bool  # right side rotated
-  period: int  # refresh period
-  offset: int  # warm refreshes at steps t > 1 with (t - offset) % period == 0
+  layout: dims.Layout  # canonical view and block pieces
+  left: bool  # input (row) side rotated
+  right: bool  # output (column) side rotated
+  rank: int  # position among the rotated leaves (staggered refresh offsets)
 
 
-class _Plan(NamedTuple):
-  """Static layout: which flattened leaves are rotated, in which group."""
+def _leaf_specs(weight_dimension_numbers, params) -> list:
+  """One ``RotationDimensionNumbers`` or ``None`` per flattened leaf of ``params``."""
+  leaves = jax.tree.leaves(params)
+  if not leaves:  # nothing to rotate (and optax.tree_map_params's placeholder has no structure)
+    return []
+  spec = weight_dimension_numbers
+  if spec is None:  # the paper's default: every 2-D leaf is an (in, out) matrix
+    return [dims.LINEAR if jnp.ndim(x) == 2 else None for x in leaves]
+  if dims.is_spec(spec):  # one spec for every leaf with two or more axes
+    return [spec if jnp.ndim(x) >= 2 else None for x in leaves]
+  tree = spec(params) if callable(spec) else spec
+  if dims.is_spec(tree):
+    return _leaf_specs(tree, params)
+  out = []
 
-  treedef: Any
-  shapes: tuple  # per leaf
-  plain: tuple  # indices of unrotated leaves
-  groups: tuple  # one _GroupPlan per group
+  def collect(s, sub):
+    if s is not None and not dims.is_spec(s):
+      raise ValueError(f"weight_dimension_numbers: every entry must be a rotation."
+                       f"RotationDimensionNumbers or None (plain Adam), got {s!r}")
+    out.extend([s] * len(jax.tree.leaves(sub)))
+
+  try:
+    jax.tree.map(collect, tree, params, is_leaf=lambda x: x is None or dims.is_spec(x))
+  except ValueError as e:
+    if "weight_dimension_numbers: every entry" in str(e):
+      raise
+    raise ValueError(f"weight_dimension_numbers does not match the parameters (it must be a tree "
+                     f"prefix of them): {e}") from None
+  return out
 
 
-def _plan(tree, mask, geometry, max_dim, refresh_every, stagger=False) -> _Plan:
-  leaves, treedef = jax.tree.flatten(tree)
-  selected = jax.tree.leaves(_mask_tree(mask, tree))
-  periods = jax.tree.leaves(_periods(refresh_every, tree))
-  sides = [_rotated_sides(jnp.shape(x), bool(sel), geometry, max_dim) for x, sel in zip(leaves, selected)]
-  rotated = [i for i, (left, right) in enumerate(sides) if left or right]
-  plain, groups = [], {}
-  for i, (leaf, (left, right), period) in enumerate(zip(leaves, sides, periods)):
-    if left or right:
-      # Staggered: the r-th of the n rotated matrices refreshes at offset r * period // n.
-      offset = rotated.index(i) * period // len(rotated) if stagger else 0
-      key = (_matrix_shape(jnp.shape(leaf)), left, right, period, offset)
-      groups.setdefault(key, []).append(i)
-    else:
-      plain.append(i)
-  return _Plan(treedef, tuple(jnp.shape(x) for x in leaves), tuple(plain),
-               tuple(_GroupPlan(tuple(members), *key) for key, members in groups.items()))
+def leaf_plans(params, weight_dimension_numbers, geometry, max_dim, block_size) -> list:
+  """At init: one ``LeafPlan`` (or ``None``: plain inner) per flattened leaf of ``params``."""
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
+  plans = []
+  for where, x, spec in zip(paths, jax.tree.leaves(params),
+                            _leaf_specs(weight_dimension_numbers, params)):
+    if spec is None:
+      plans.append(None)
+      continue
+    batch, red, out = dims.check_spec(spec, jnp.shape(x), f"parameter {where or 'leaf'}")
+    lay = dims.layout(jnp.shape(x), batch, red, out, None)
+    left, right = (True, True) if geometry == "bilateral" else (lay.m <= lay.n, lay.m > lay.n)
+    left, right = (left and (max_dim is None or lay.m <= max_dim),
+                   right and (max_dim is None or lay.n <= max_dim))
+    if not (left or right):
+      plans.append(None)
+      continue
+    # An unrotated side is never cut: its blocks would only multiply the rotated side's bases.
+    lay = lay._replace(rows=dims.segments(lay.m, block_size if left else None),
+                       cols=dims.segments(lay.n, block_size if right else None))
+    plans.append(LeafPlan(lay, left, right, 0))
+  return _ranked(plans)
+
+
+def _ranked(plans):
+  rank = iter(range(len(plans)))
+  return [None if p is None else p._replace(rank=next(rank)) for p in plans]
+
+
+def state_plans(updates, weight_dimension_numbers, bases) -> list:
+  """At update: the same plans read back from the state's bases (their block sizes and rotated
+  sides), so that no integer option (which ``optax.inject_hyperparams`` traces) is needed."""
+  leaves, treedef = jax.tree.flatten(updates)
+  per_leaf = treedef.flatten_up_to(bases)
+  plans = []
+  for x, spec, pieces in zip(leaves, _leaf_specs(weight_dimension_numbers, updates), per_leaf):
+    if pieces is None:
+      plans.append(None)
+      continue
+    batch, red, out = dims.check_spec(spec, jnp.shape(x), "update")
+    first = pieces[0]
+    left, right = first.left is not None, first.right is not None
+    lay = dims.layout(jnp.shape(x), batch, red, out, None)
+    lay = lay._replace(rows=dims.segments(lay.m, first.left.shape[-1] if left else None),
+                       cols=dims.segments(lay.n, first.right.shape[-1] if right else None))
+    plans.append(LeafPlan(lay, left, right, 0))
+  return _ranked(plans)
 
 
 def _lookup(tree, path):
@@ -99,50 +132,60 @@ def _lookup(tree, path):
   return tree
 
 
-def _given_bases(bases, params, plan):
-  """Per group: stacked float32 ``(U, V)`` looked up in a tree of fixed bases by each rotated
-  leaf's key path (shapes checked; a subtree may be ``None`` or missing where nothing is rotated)."""
+def given_bases(bases, params, plans):
+  """Per rotated leaf: float32 ``(U, V)`` looked up in a tree of fixed bases by the leaf's key
+  path, shaped ``(a, a)`` for a leaf that is one matrix or ``(K, a, a)`` for a stack (shapes
+  checked; ``None`` for a side, or a leaf, that is not rotated). A blocked leaf is refused."""
   paths = [path for path, _ in jax.tree_util.tree_leaves_with_path(params)]
   out = []
-  for g in plan.groups:
+  for path, plan in zip(paths, plans):
+    if plan is None:
+      out.append(None)
+      continue
+    where = jax.tree_util.keystr(path)
+    if len(plan.layout.pieces) != 1:
+      raise ValueError(f"bases: parameter {where} is blocked ({plan.layout.pieces}); fixed bases "
+                       "are for leaves of one block (raise block_size)")
+    k, a, b = plan.layout.pieces[0]
     sides = []
-    for side, dim, rotated in ((0, g.shape[0], g.left), (1, g.shape[1], g.right)):
+    for side, dim, rotated in ((0, a, plan.left), (1, b, plan.right)):
       if not rotated:
         sides.append(None)
         continue
-      mats = []
-      for i in g.members:
-        pair = _lookup(bases, paths[i])
-        q = pair[side] if isinstance(pair, (tuple, list)) and len(pair) == 2 else None
-        if q is None or jnp.shape(q) != (dim, dim):
-          raise ValueError(f"bases: parameter {jax.tree_util.keystr(paths[i])} of shape "
-                           f"{plan.shapes[i]} needs a {'left' if side == 0 else 'right'} basis of "
-                           f"shape ({dim}, {dim}), got {None if q is None else jnp.shape(q)}")
-        mats.append(jnp.asarray(q, jnp.float32))
-      sides.append(jnp.stack(mats))
-    out.append(tuple(sides))
+      pair = _lookup(bases, path)
+      q = pair[side] if isinstance(pair, (tuple, list)) and len(pair) == 2 else None
+      want = ((dim, dim),) + (((k, dim, dim),) if k > 1 else ())
+      if q is None or jnp.shape(q) not in want:
+        raise ValueError(f"bases: parameter {where} of shape {plan.layout.shape} needs a "
+                         f"{'left' if side == 0 else 'right'} basis of shape {want[-1]}, got "
+                         f"{None if q is None else jnp.shape(q)}")
+      sides.append(jnp.broadcast_to(jnp.asarray(q, jnp.float32), (k, dim, dim)))
+    out.append((tuple(sides),))
   return out
 
 
-def _is_key(x) -> bool:
+def is_key(x) -> bool:
   return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
-def _random_bases(key, plan):
-  """Per group: stacked Haar-random orthogonal ``(U, V)`` (``None`` for an unrotated side), one
-  independent draw per group and side from ``key``."""
+def random_bases(key, plans):
+  """Per rotated leaf and piece: Haar-random orthogonal ``(U, V)`` stacks (``None`` for an
+  unrotated side), one independent draw per leaf, piece and side from ``key``."""
   out = []
-  for j, g in enumerate(plan.groups):
-    k = len(g.members)
-    sides = []
-    for side, dim, rotated in ((0, g.shape[0], g.left), (1, g.shape[1], g.right)):
-      draw = jax.random.fold_in(jax.random.fold_in(key, j), side)
-      sides.append(jax.random.orthogonal(draw, dim, (k,), jnp.float32) if rotated else None)
-    out.append(tuple(sides))
+  for i, plan in enumerate(plans):
+    if plan is None:
+      out.append(None)
+      continue
+    pieces = []
+    for j, (k, a, b) in enumerate(plan.layout.pieces):
+      draw = lambda side: jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, i), j), side)
+      pieces.append((jax.random.orthogonal(draw(0), a, (k,), jnp.float32) if plan.left else None,
+                     jax.random.orthogonal(draw(1), b, (k,), jnp.float32) if plan.right else None))
+    out.append(tuple(pieces))
   return out
 
 
-def _check_float_leaves(params):
+def check_float_leaves(params):
   """A non-float leaf would get its update cast to an integer (zero, or a wrong step)."""
   for path, x in jax.tree_util.tree_leaves_with_path(params):
     if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
@@ -152,29 +195,34 @@ def _check_float_leaves(params):
                       "parameter can be kept as two real ones)")
 
 
-def _check_int_periods(refresh_every):
-  for p in jax.tree.leaves(refresh_every):
-    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-      raise ValueError(f"refresh_every must be a Python int >= 1 or a pytree of them (with "
-                       f"optax.inject_hyperparams, list it in static_args), got {p!r}")
+def static_int(name: str, value, low: int, none_ok: bool = False, traced_ok: bool = False):
+  """``value`` as a Python int >= ``low`` (a concrete 0-d integer array counts: what
+  ``optax.inject_hyperparams`` makes of an int), ``None`` if allowed, or, where ``traced_ok``,
+  a traced integer scalar as it is. One clear error otherwise."""
+  if value is None and none_ok:
+    return None
+  if isinstance(value, jax.core.Tracer) and traced_ok and jnp.issubdtype(value.dtype, jnp.integer) \
+      and value.ndim == 0:
+    return value
+  ok = not isinstance(value, (bool, np.bool_)) and (
+      isinstance(value, int) or (np.ndim(value) == 0 and hasattr(value, "dtype")
+                                 and jnp.issubdtype(value.dtype, jnp.integer)
+                                 and not isinstance(value, jax.core.Tracer)))
+  if not ok or int(value) < low:
+    raise ValueError(f"{name} must be {'None or ' if none_ok else ''}an int >= {low}, got {value!r}")
+  return int(value)
 
 
-def _periods(refresh_every, tree):
-  """One static int period per leaf of ``tree`` (``refresh_every`` is an int or a tree prefix)."""
-  if isinstance(refresh_every, int):
-    return jax.tree.map(lambda _: refresh_every, tree)
+def periods(refresh_every, tree) -> list:
+  """One period per flattened leaf of ``tree`` (``refresh_every`` is an int or a tree prefix)."""
   try:
-    return jax.tree.map(lambda p, sub: jax.tree.map(lambda _: p, sub), refresh_every, tree)
+    per = jax.tree.map(lambda p, sub: jax.tree.map(lambda _: p, sub), refresh_every, tree)
   except ValueError as e:
     raise ValueError(f"refresh_every's tree structure is not a prefix of the parameters': {e}") from e
+  return jax.tree.leaves(per)
 
 
-def _mask_tree(mask, params):
-  if mask is None:
-    return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
-  tree = mask(params) if callable(mask) else mask
-  if jax.tree.structure(tree) != jax.tree.structure(params):
-    raise ValueError(
-        "mask does not match the parameters: mask structure "
-        f"{jax.tree.structure(tree)} vs parameters {jax.tree.structure(params)}")
-  return tree
+def check_periods(refresh_every):
+  for p in jax.tree.leaves(refresh_every):
+    static_int("refresh_every (or each of its leaves)", p, 1, traced_ok=True)
+
