@@ -45,15 +45,16 @@ def time_interleaved(fns: dict, steps: int, rounds: int = 3) -> dict:
 def optimizers(refresh_every):
   return {"adamw": optax.adamw(1e-3, weight_decay=0.01),
           "rotation": rotation.basis_rotation(1e-3, refresh_every=refresh_every,
-                                              mask=model_lib.rotation_mask),
+                                              weight_dimension_numbers=model_lib.rotation_dims),
           "rotation, cholesky_qr": rotation.basis_rotation(1e-3, refresh_every=refresh_every,
-                                                           mask=model_lib.rotation_mask,
+                                                           weight_dimension_numbers=model_lib.rotation_dims,
                                                            orthonormalization="cholesky_qr"),
           # Only the cold start: the per-step work alone (statistics and rotations).
           "rotation, no warm refresh": rotation.basis_rotation(1e-3, refresh_every=10**9,
-                                                               mask=model_lib.rotation_mask),
+                                                               weight_dimension_numbers=model_lib.rotation_dims),
           # Fixed (random) bases: no statistics, no refresh; the rotations in and out alone.
-          "rotation, fixed bases": rotation.basis_rotation(1e-3, mask=model_lib.rotation_mask,
+          "rotation, fixed bases": rotation.basis_rotation(
+              1e-3, weight_dimension_numbers=model_lib.rotation_dims,
                                                            bases=jax.random.key(0))}
 
 
@@ -142,7 +143,8 @@ def step_spikes(cfg, refresh_every, batch_size, periods=4):
   batch = tuple(jnp.asarray(x) for x in ds.batch(0, 0, batch_size, cfg.context))
   out = {}
   for stagger in (False, True):
-    tx = rotation.basis_rotation(1e-3, refresh_every=refresh_every, mask=model_lib.rotation_mask,
+    tx = rotation.basis_rotation(
+        1e-3, refresh_every=refresh_every, weight_dimension_numbers=model_lib.rotation_dims,
                                  stagger=stagger)
 
     def step(p, s, tx=tx):

@@ -68,7 +68,7 @@ def main(argv=None):
   for (stages, mode), nbytes in buffers.items():
     print(f"P={stages:<3d} {mode:<16s} step time / plain = {t[(stages, mode)] / t['plain']:.3f}x; "
           f"buffers {nbytes / 2**20:.2f} MiB = {nbytes / (4 * n_params):.2f} x params")
-  rot = rotation.basis_rotation(1e-3, refresh_every=10, mask=model_lib.rotation_mask)
+  rot = rotation.basis_rotation(1e-3, refresh_every=10, weight_dimension_numbers=model_lib.rotation_dims)
   deepest = cfg.num_blocks
   runs, compile_s = {}, {}
   # One optimizer runs once over every stage's leaves (Pipeline.merged); P copies are P updates.

@@ -39,7 +39,8 @@ loss_fn = model_lib.make_loss(graphdef)
 batch = tuple(jnp.asarray(x) for x in data_lib.default_corpus(cfg.context).batch(0, 0, 16, cfg.context))
 fns = {}
 for name, tx in (("adamw", optax.adamw(1e-3, weight_decay=0.01)),
-                 ("rotation", rotation.basis_rotation(1e-3, refresh_every=10, mask=model_lib.rotation_mask))):
+                 ("rotation", rotation.basis_rotation(
+                     1e-3, refresh_every=10, weight_dimension_numbers=model_lib.rotation_dims))):
   def step(p, s, tx=tx):
     u, s = tx.update(jax.grad(loss_fn)(p, batch), s, p)
     return optax.apply_updates(p, u), s

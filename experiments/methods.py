@@ -124,7 +124,8 @@ def stage_optimizers(config) -> list[optax.GradientTransformation]:
                                    weight_decay=wd, source=method.source,
                                    geometry=method.geometry, refresh_every=periods[k],
                                    first_order_step=method.first_order_step,
-                                   mask=model_lib.rotation_mask, bases=bases,
+                                   weight_dimension_numbers=model_lib.rotation_dims,
+                                   block_size=None, max_precond_dim=10_000, bases=bases,
                                    freeze_after=method.freeze_after)
 
   return ps.per_stage(make, num_stages, clip_norm=config.clip_norm)

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+import rotation
+
 _INIT = nnx.initializers.normal(stddev=0.02)
 _ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}
 
@@ -287,6 +289,12 @@ def rotation_mask(params):
     return jnp.ndim(leaf) == 2 and bool(names & {"attn", "mlp"}) and "kernel" in names
 
   return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def rotation_dims(params):
+  """``rotation_mask`` as ``weight_dimension_numbers``: the selected kernels as ``(in, out)``
+  matrices (``rotation.LINEAR``), every other leaf plain Adam (``None``)."""
+  return jax.tree.map(lambda rotate: rotation.LINEAR if rotate else None, rotation_mask(params))
 
 
 def train_flops(cfg: ModelConfig, batch_size: int, remat: bool = False) -> float:

@@ -91,3 +91,19 @@ def test_shampoo_beta_sets_the_decay_of_rotations_statistics_only():
     RunConfig(method="pipedream", shampoo_beta=0.9).validate()
   with pytest.raises(ValueError, match="shampoo_beta must be in"):
     RunConfig(method="rotation", shampoo_beta=1.0).validate()
+
+
+def test_the_study_rotation_keeps_its_numbers_through_the_library_rewrite():
+  """The same leaves rotated and decayed, the same update, as at commit bbcc4f9 (before rotation's
+  dimension numbers, blocks and parameter-shaped state): four steps of the study's optimizer on the
+  study's Transformer, against the parameters that commit computed (tests/study_case.py). A leaf
+  rotated or decayed differently moves by >= 1e-4."""
+  import pathlib
+  import sys
+  sys.path.insert(0, str(pathlib.Path(__file__).parent))
+  from study_case import study_case
+  old = np.load(pathlib.Path(__file__).parent / "data" / "study_rotation_bbcc4f9.npz")
+  new = study_case()
+  assert sorted(old.files) == sorted(new)
+  for k in new:
+    np.testing.assert_allclose(new[k], old[k], rtol=0, atol=1e-5, err_msg=k)

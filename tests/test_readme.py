@@ -26,9 +26,11 @@ def test_quickstart_runs_on_its_own_and_learns():
   losses = np.asarray(scope["losses"])
   assert losses.shape == (30,) and np.all(np.isfinite(losses))
   assert losses[-5:].mean() < 0.5 * losses[:5].mean(), losses
-  mask = scope["paper_mask"](nnx_params(scope["net"]))
-  assert sorted(jax.tree_util.keystr(p) for p, m in jax.tree_util.tree_leaves_with_path(mask) if m) == [
-      "['hidden']['kernel'].value"]  # the paper's mask: hidden matrices only
+  dims = scope["paper_dims"](nnx_params(scope["net"]))
+  chosen = jax.tree_util.tree_leaves_with_path(dims, is_leaf=lambda x: x is None or isinstance(
+      x, scope["rotation"].RotationDimensionNumbers))
+  assert sorted(jax.tree_util.keystr(p) for p, d in chosen if d is not None) == [
+      "['hidden']['kernel'].value"]  # the paper's choice: hidden matrices only
 
 
 def nnx_params(net):

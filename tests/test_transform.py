@@ -114,8 +114,8 @@ def test_matches_numpy_reference(source, geometry, shape, step):
   grads = gradient_sequence(shape, 30, seed=hash((source, geometry, shape)) % 2**32)
   w0 = np.random.default_rng(1).normal(size=shape)
   period = 5  # refreshes at t = 1, 5, 10, ..., 30: one cold start and six warm ones
-  ours, _ = run(rotation.basis_rotation(LR, source=source, geometry=geometry, refresh_every=period,
-                                        first_order_step=step), w0, grads)
+  ours, _ = run(rotation.basis_rotation(LR, weight_decay=WD, source=source, geometry=geometry,
+                                        refresh_every=period, first_order_step=step), w0, grads)
   ref = reference(w0, grads, source=source, geometry=geometry, period=period, first_order_step=step)
   np.testing.assert_allclose(ours, ref, atol=2e-5, rtol=1e-4)
   # The rotation is doing something: plain AdamW differs.
@@ -132,7 +132,7 @@ def test_cholesky_qr_and_batched_refresh_match_the_qr_reference(source, geometry
   # not depend on them (moments are re-expressed exactly), so the float64 QR reference still holds.
   grads = gradient_sequence(shape, 30, seed=hash((source, geometry, shape, 1)) % 2**32)
   w0 = np.random.default_rng(1).normal(size=shape)
-  opt = rotation.basis_rotation(LR, source=source, geometry=geometry, refresh_every=5,
+  opt = rotation.basis_rotation(LR, weight_decay=WD, source=source, geometry=geometry, refresh_every=5,
                                 first_order_step=step, orthonormalization="cholesky_qr",
                                 batch_refresh=batch)
   ours, _ = run(opt, w0, grads)
@@ -149,7 +149,7 @@ def test_exact_first_step_on_square_matrices(source, geometry):
   shape = (16, 16)
   grads = gradient_sequence(shape, 20, seed=7, zero_first=False)
   w0 = np.random.default_rng(2).normal(size=shape)
-  tx = rotation.basis_rotation(LR, source=source, geometry=geometry, refresh_every=5)
+  tx = rotation.basis_rotation(LR, weight_decay=WD, source=source, geometry=geometry, refresh_every=5)
   ours, _ = run(tx, w0, grads)
   ref = reference(w0, grads, source=source, geometry=geometry, period=5)
   np.testing.assert_allclose(ours[0], ref[0], atol=1e-6)  # step 1 exactly the algorithm's
@@ -161,7 +161,12 @@ def test_exact_first_step_on_square_matrices(source, geometry):
     assert np.linalg.matrix_rank(step, tol=1e-6) == 16
 
 
-def test_signed_permutation_basis_equals_adam():
+@pytest.mark.parametrize("plain,inner", [
+    (optax.adam(LR, eps=1e-3), optax.scale_by_adam(eps=1e-3)),
+    (optax.amsgrad(LR, eps=1e-3), optax.scale_by_amsgrad(eps=1e-3)),  # nu_max follows the basis
+    (optax.sgd(LR, momentum=0.9), optax.trace(0.9)),  # trace is re-expressed like mu
+], ids=["adam", "amsgrad", "trace"])
+def test_signed_permutation_basis_equals_adam(plain, inner):
   """Gradients with one non-zero per row and column have diagonal G G^T and G^T G, so every basis
   is a signed permutation of the axes: rotation with optax's Adam inside must equal optax.adam.
   (eps = 1e-3: coordinates whose gradient is always zero hold float32 round-off of ~1e-9 in the
@@ -173,16 +178,16 @@ def test_signed_permutation_basis_equals_adam():
     g[np.arange(4), np.arange(4)] = rng.normal(size=4) * np.array([3.0, 1.0, 0.3, 2.0])
     grads.append(g)
   w0 = rng.normal(size=(4, 6))
-  adam, _ = run(optax.adam(LR, eps=1e-3), w0, grads)
+  adam, _ = run(plain, w0, grads)
   rotated, state = run(optax.chain(
-      rotation.scale_by_basis_rotation(optax.scale_by_adam(eps=1e-3), refresh_every=3),
+      rotation.scale_by_basis_rotation(inner, refresh_every=3),
       optax.scale(-LR)), w0, grads)
   np.testing.assert_allclose(rotated, adam, atol=5e-5, rtol=1e-4)
   q = np.asarray(rotation.leaf_bases(state[0], {"w": w0})["w"][0])
   assert not np.allclose(q, np.eye(4))  # the basis really moved (sorted by eigenvalue)
   np.testing.assert_allclose(np.abs(q).sum(0), 1.0, atol=1e-6)
   unrotated, _ = run(optax.chain(
-      rotation.scale_by_basis_rotation(optax.scale_by_adam(eps=1e-3), max_precond_dim=0),
+      rotation.scale_by_basis_rotation(inner, max_precond_dim=0),
       optax.scale(-LR)), w0, grads)
   np.testing.assert_allclose(unrotated, adam, atol=1e-6)
 
@@ -205,7 +210,7 @@ def _momentum_only():
 def test_first_moment_is_exact_across_basis_changes(source):
   """Refreshing every step (arbitrary QR signs, reorderings): U M~ V^T must stay the plain EMA."""
   grads = gradient_sequence((5, 7), 12, seed=3)
-  tx = rotation.scale_by_basis_rotation(_momentum_only(), source=source, refresh_every=1)
+  tx = rotation.scale_by_basis_rotation(_momentum_only(), source=source, refresh_every=1, b1=0.9)
   state = tx.init({"w": jnp.zeros((5, 7))})
   update = jax.jit(tx.update)
   ema = np.zeros((5, 7))
@@ -248,8 +253,10 @@ def test_leaf_rules_and_dtypes():
   params = {"scalar": jnp.zeros(()), "bias": jnp.zeros(5), "mat": jnp.zeros((3, 8)),
             "big": jnp.zeros((2, 40)), "conv": jnp.zeros((2, 3, 4), jnp.bfloat16),
             "masked": jnp.zeros((3, 3))}
-  mask = {k: k != "masked" for k in params}
-  tx = rotation.scale_by_basis_rotation(geometry="unilateral", max_precond_dim=16, mask=mask)
+  dims = {"scalar": None, "bias": None, "mat": rotation.LINEAR, "big": rotation.LINEAR,
+          "conv": rotation.RotationDimensionNumbers((0, 1), 2), "masked": None}
+  tx = rotation.scale_by_basis_rotation(geometry="unilateral", max_precond_dim=16,
+                                        weight_dimension_numbers=dims)
   state = tx.init(params)
   bases = rotation.leaf_bases(state, params)
   shape = lambda q: None if q is None else q.shape
@@ -259,7 +266,8 @@ def test_leaf_rules_and_dtypes():
   grads = jax.tree.map(lambda x: jnp.ones_like(x), params)
   updates, state = jax.jit(tx.update)(grads, state)
   assert updates["conv"].dtype == jnp.bfloat16 and updates["mat"].dtype == jnp.float32
-  assert all(g.stat_right.dtype == jnp.float32 for g in state.groups if g.stat_right is not None)
+  pieces = [p for v in state.bases.values() if v is not None for p in v]
+  assert all(p.stat_right.dtype == jnp.float32 for p in pieces if p.stat_right is not None)
   assert all(bool(jnp.all(jnp.isfinite(u.astype(jnp.float32)))) for u in jax.tree.leaves(updates))
 
 
@@ -268,7 +276,8 @@ def test_nonfinite_gradients():
   grads = [jnp.asarray(g, jnp.float32) for g in gradient_sequence((4, 5), 6, seed=2)]
   bad = jnp.full((4, 5), jnp.nan)
   # Wrapped in apply_if_finite: the bad step is skipped and the state is untouched.
-  tx = optax.apply_if_finite(rotation.basis_rotation(LR, refresh_every=2), max_consecutive_errors=5)
+  tx = optax.apply_if_finite(rotation.basis_rotation(LR, weight_decay=WD, refresh_every=2),
+                             max_consecutive_errors=5)
   state = tx.init(params)
   update = jax.jit(tx.update)
   for g in grads[:3]:
@@ -280,9 +289,9 @@ def test_nonfinite_gradients():
   raw = rotation.scale_by_basis_rotation(refresh_every=2)
   state = raw.init(params)
   _, state = raw.update({"w": grads[1]}, state)
-  before = np.asarray(state.groups[0].left)
+  before = np.asarray(state.bases["w"][0].left)
   _, state = raw.update({"w": bad}, state)  # t = 2: a warm refresh
-  np.testing.assert_array_equal(state.groups[0].left, before)
+  np.testing.assert_array_equal(state.bases["w"][0].left, before)
 
 
 _NONFINITE_FIRST_STEP = """
@@ -294,8 +303,8 @@ for source in rotation.SOURCES:
     raw = rotation.scale_by_basis_rotation(source=source)
     _, state = jax.jit(raw.update)(g, raw.init(params))
     # the bases stay the initial identity: no non-finite value was installed
-    for grp in state.groups:
-      for q in (grp.left, grp.right):
+    for (piece,) in (state.bases["w"],):
+      for q in (piece.left, piece.right):
         np.testing.assert_array_equal(q, np.broadcast_to(np.eye(q.shape[-1]), q.shape))
     tx = optax.apply_if_finite(rotation.basis_rotation(1e-3, source=source), 3)
     init = tx.init(params)
@@ -432,7 +441,7 @@ def test_flax_nnx_optimizer_on_transformer():
 @pytest.mark.parametrize("kwargs,match", [
     ({"source": "third"}, "unknown source 'third'"),
     ({"geometry": "trilateral"}, "unknown geometry 'trilateral'"),
-    ({"refresh_every": 0}, "refresh_every must be a Python int >= 1.*got 0"),
+    ({"refresh_every": 0}, "refresh_every.*must be an int >= 1.*got 0"),
     ({"refresh_every": {"w": -2}}, "got -2"),
     ({"eps": -1e-8}, "eps must be >= 0, got -1e-08"),
     ({"orthonormalization": "svd"}, "unknown orthonormalization 'svd'"),
@@ -477,8 +486,8 @@ def test_complex_leaves_are_refused_at_init(tx):
 
 
 def test_mask_structure_mismatch():
-  tx = rotation.scale_by_basis_rotation(mask={"w": True})
-  with pytest.raises(ValueError, match="mask does not match the parameters"):
+  tx = rotation.scale_by_basis_rotation(weight_dimension_numbers={"w": rotation.LINEAR})
+  with pytest.raises(ValueError, match="weight_dimension_numbers does not match the parameters"):
     tx.init({"w": jnp.zeros((2, 2)), "v": jnp.zeros((2, 2))})
 
 
@@ -560,7 +569,8 @@ def test_cold_start_builds_no_basis_for_an_unrotated_side(kwargs):
   tx = rotation.scale_by_basis_rotation(**kwargs)
   params = {"w": jnp.zeros(shape)}
   state = tx.init(params)
-  assert state.groups[0].left is None and state.groups[0].right.shape == (1, 32, 32)
+  (piece,) = state.bases["w"]
+  assert piece.left is None and piece.right.shape == (1, 32, 32)
   compiled = jax.jit(tx.update).lower(params, state).compile()
   temp = compiled.memory_analysis().temp_size_in_bytes
   assert temp < 16 * 12000 * 32 * 4, temp / 2**20  # a few copies of the leaf, not 12000^2
@@ -608,7 +618,7 @@ def test_fixed_bases_identity_is_adam_and_any_basis_is_adam_in_it():
   rotated = run(adam, [jnp.asarray(u.T @ np.asarray(g) @ v, jnp.float32) for g in grads])
   np.testing.assert_allclose(run(fixed, grads), u @ rotated @ v.T, atol=1e-5)
   state = fixed.init(params)
-  assert state.groups[0].stat_left is None and np.allclose(state.groups[0].left[0], u)
+  assert state.bases["w"][0].stat_left is None and np.allclose(state.bases["w"][0].left[0], u)
   with pytest.raises(ValueError, match=r"parameter \[.w.\] of shape \(6, 5\) needs a right basis of "
                                        r"shape \(5, 5\), got \(6, 6\)"):
     rotation.scale_by_basis_rotation(bases={"w": (jnp.eye(6), jnp.eye(6)), "b": None}).init(params)
@@ -618,16 +628,17 @@ def test_random_bases_from_a_key_are_orthogonal_fixed_and_reproducible():
   params = {"w": jnp.zeros((6, 5)), "b": jnp.zeros(5)}
   tx = rotation.scale_by_basis_rotation(bases=jax.random.key(3))
   state = tx.init(params)
-  u, v = np.asarray(state.groups[0].left[0]), np.asarray(state.groups[0].right[0])
+  u, v = np.asarray(state.bases["w"][0].left[0]), np.asarray(state.bases["w"][0].right[0])
   np.testing.assert_allclose(u.T @ u, np.eye(6), atol=1e-5)
   np.testing.assert_allclose(v.T @ v, np.eye(5), atol=1e-5)
   assert not np.allclose(np.abs(u), np.eye(6), atol=0.1)  # not a signed permutation of the axes
-  np.testing.assert_array_equal(u, np.asarray(tx.init(params).groups[0].left[0]))  # same key, same bases
-  other = np.asarray(rotation.scale_by_basis_rotation(bases=jax.random.key(4)).init(params).groups[0].left[0])
+  np.testing.assert_array_equal(u, np.asarray(tx.init(params).bases["w"][0].left[0]))  # same key, same bases
+  other_tx = rotation.scale_by_basis_rotation(bases=jax.random.key(4))
+  other = np.asarray(other_tx.init(params).bases["w"][0].left[0])
   assert not np.allclose(u, other)
   g = jnp.asarray(np.random.default_rng(0).normal(size=(6, 5)), jnp.float32)
   _, after = tx.update({"w": g, "b": g[0]}, state)
-  np.testing.assert_array_equal(np.asarray(after.groups[0].left[0]), u)  # never refreshed
+  np.testing.assert_array_equal(np.asarray(after.bases["w"][0].left[0]), u)  # never refreshed
 
 
 def test_freeze_after_stops_the_refresh_and_changes_nothing_before():
@@ -639,7 +650,7 @@ def test_freeze_after_stops_the_refresh_and_changes_nothing_before():
     state, out = tx.init(params), []
     for g in grads:
       _, state = tx.update(g, state)
-      out.append(np.asarray(state.groups[0].left[0]))
+      out.append(np.asarray(state.bases["w"][0].left[0]))
     return out
 
   free = bases(rotation.scale_by_basis_rotation(refresh_every=2))
@@ -649,5 +660,247 @@ def test_freeze_after_stops_the_refresh_and_changes_nothing_before():
   for t in range(4, 9):  # no refresh after step 4, while the free run keeps refreshing
     np.testing.assert_array_equal(frozen[t], frozen[3])
   assert not np.allclose(free[8], free[3])
-  with pytest.raises(ValueError, match="freeze_after must be None or a Python int >= 1, got 0"):
+  with pytest.raises(ValueError, match="freeze_after must be None or an int >= 1, got 0"):
     rotation.scale_by_basis_rotation(freeze_after=0)
+
+
+# --- dimension numbers, blocks, dtypes and optax's contracts ---------------------------------
+
+
+def _run_tree(tx, params, grads):
+  """Updates of ``tx`` over a list of gradient trees (jitted once), as float64 NumPy trees."""
+  state, out = tx.init(params), []
+  update = jax.jit(tx.update)
+  for g in grads:
+    u, state = update(g, state, params)
+    out.append(jax.tree.map(lambda x: np.asarray(x, np.float64), u))
+  return out, state
+
+
+def test_blocked_leaf_matches_the_float64_reference_block_by_block():
+  """A (10, 7) leaf with block_size 4 is six independent matrices (rows 4 + 4 + 2, columns 4 + 3),
+  each with its own bases and moments: the float64 reference run on each block."""
+  shape, period = (10, 7), 5
+  grads = gradient_sequence(shape, 20, seed=7)
+  w0 = np.random.default_rng(2).normal(size=shape)
+  ours, state = run(rotation.basis_rotation(LR, weight_decay=WD, refresh_every=period, block_size=4),
+                    w0, grads)
+  assert [p.left.shape for p in state[0].bases["w"]] == [(2, 4, 4), (2, 4, 4), (1, 2, 2), (1, 2, 2)]
+  ref = np.zeros_like(ours)
+  for r in (slice(0, 4), slice(4, 8), slice(8, 10)):
+    for c in (slice(0, 4), slice(4, 7)):
+      ref[:, r, c] = reference(w0[r, c], [g[r, c] for g in grads], source="second",
+                               geometry="bilateral", period=period)
+  np.testing.assert_allclose(ours, ref, atol=2e-5, rtol=1e-4)
+  whole, _ = run(rotation.basis_rotation(LR, weight_decay=WD, refresh_every=period), w0, grads)
+  assert np.abs(whole - ref).max() > 1e-3  # blocks are not the whole matrix
+
+
+def test_a_scanned_stack_equals_its_layers_as_separate_leaves():
+  layers, shape = 3, (6, 10)
+  seqs = [gradient_sequence(shape, 12, seed=20 + i) for i in range(layers)]
+  w0 = np.random.default_rng(3).normal(size=(layers,) + shape)
+  stack_tx = rotation.basis_rotation(LR, weight_decay=WD, refresh_every=4,
+                                     weight_dimension_numbers={"w": rotation.stacked(rotation.LINEAR)})
+  sep_tx = rotation.basis_rotation(LR, weight_decay=WD, refresh_every=4)
+  stack_grads = [{"w": jnp.asarray(np.stack([s[t] for s in seqs]), jnp.float32)} for t in range(12)]
+  sep_grads = [{f"l{i}": jnp.asarray(seqs[i][t], jnp.float32) for i in range(layers)} for t in range(12)]
+  stacked, state = _run_tree(stack_tx, {"w": jnp.asarray(w0, jnp.float32)}, stack_grads)
+  separate, _ = _run_tree(sep_tx, {f"l{i}": jnp.asarray(w0[i], jnp.float32) for i in range(layers)},
+                          sep_grads)
+  (piece,) = state[0].bases["w"]
+  assert piece.left.shape == (layers, 6, 6) and piece.right.shape == (layers, 10, 10)
+  for t in range(12):
+    for i in range(layers):
+      np.testing.assert_allclose(stacked[t]["w"][i], separate[t][f"l{i}"], atol=1e-6, rtol=1e-4)
+
+
+def test_attention_kernels_get_the_projections_bases():
+  """nnx.MultiHeadAttention's (64, 4, 16) query kernel with ATTENTION_QKV is the 64 x 64 matrix
+  (in, heads * head_dim): bases 64 x 64 on both sides, and the update is that matrix's update; the
+  out kernel (4, 16, 64) with ATTENTION_OUT likewise. A (4, 8, 16) stack has 4 + 4 bases."""
+  attn = nnx.MultiHeadAttention(4, 64, decode=False, rngs=nnx.Rngs(0))
+  q, o = attn.query.kernel[...], attn.out.kernel[...]
+  assert q.shape == (64, 4, 16) and o.shape == (4, 16, 64)
+  params = {"q": q, "o": o, "stack": jnp.zeros((4, 8, 16))}
+  dims = {"q": rotation.ATTENTION_QKV, "o": rotation.ATTENTION_OUT,
+          "stack": rotation.stacked(rotation.LINEAR)}
+  tx = rotation.basis_rotation(LR, weight_dimension_numbers=dims, refresh_every=2)
+  bases = rotation.leaf_bases(tx.init(params), params)
+  assert [b.shape for b in bases["q"]] == [(64, 64), (64, 64)]
+  assert [b.shape for b in bases["o"]] == [(64, 64), (64, 64)]
+  assert [b.shape for b in bases["stack"][0]] == [(4, 8, 8), (4, 16, 16)]
+  rng = np.random.default_rng(0)
+  grads = [{k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in params.items()}
+           for _ in range(4)]
+  ours, _ = _run_tree(tx, params, grads)
+  flat = {"q": q.reshape(64, 64), "o": o.reshape(64, 64)}
+  flat_grads = [{"q": g["q"].reshape(64, 64), "o": g["o"].reshape(64, 64)} for g in grads]
+  plain, _ = _run_tree(rotation.basis_rotation(LR, refresh_every=2), flat, flat_grads)
+  for a, b in zip(ours, plain):
+    np.testing.assert_allclose(a["q"].reshape(64, 64), b["q"], atol=1e-6)
+    np.testing.assert_allclose(a["o"].reshape(64, 64), b["o"], atol=1e-6)
+
+
+def test_the_default_rotates_2d_leaves_only_and_a_single_spec_every_leaf_with_two_axes():
+  params = {"b": jnp.zeros(5), "w": jnp.zeros((3, 4)), "t": jnp.zeros((2, 3, 4))}
+  kinds = lambda tx: {k: v is not None for k, v in rotation.leaf_bases(tx.init(params), params).items()}
+  assert kinds(rotation.scale_by_basis_rotation()) == {"b": False, "w": True, "t": False}
+  spec = rotation.RotationDimensionNumbers(reduction_axis=-2, output_axis=-1)
+  assert kinds(rotation.scale_by_basis_rotation(weight_dimension_numbers=spec)) == {
+      "b": False, "w": True, "t": True}
+  with pytest.raises(ValueError, match=r"parameter \['t'\] of shape \(2, 3, 4\): output_axis 3 is out"):
+    rotation.scale_by_basis_rotation(
+        weight_dimension_numbers=rotation.RotationDimensionNumbers(0, 3)).init(params)
+  with pytest.raises(ValueError, match="every entry must be a rotation.RotationDimensionNumbers"):
+    rotation.scale_by_basis_rotation(weight_dimension_numbers={"b": None, "w": True, "t": None}).init(
+        params)
+
+
+def test_max_precond_dim_opts_a_long_side_out_and_blocks_cut_it_otherwise():
+  params = {"embed": jnp.zeros((3000, 16))}
+  blocked = rotation.scale_by_basis_rotation(block_size=1024).init(params).bases["embed"]
+  assert [p.left.shape for p in blocked] == [(2, 1024, 1024), (1, 952, 952)]
+  assert [p.right.shape for p in blocked] == [(2, 16, 16), (1, 16, 16)]
+  (opted,) = rotation.scale_by_basis_rotation(max_precond_dim=1000).init(params).bases["embed"]
+  assert opted.left is None and opted.right.shape == (1, 16, 16)  # the long side is never cut
+
+
+def test_inject_hyperparams_needs_no_static_args_and_trains():
+  """optax's contract: every numeric argument may be injected, the rest are static by construction."""
+  a = jnp.asarray(np.random.default_rng(0).normal(size=(6, 6)), jnp.float32)
+  loss = lambda p: jnp.sum((a @ p["w"] - jnp.eye(6)) ** 2) + jnp.sum(p["b"] ** 2)
+  params = {"w": jnp.zeros((6, 6)), "b": jnp.ones(3)}
+  tx = optax.inject_hyperparams(rotation.basis_rotation)(learning_rate=0.02, refresh_every=3)
+  plain = rotation.basis_rotation(0.02, refresh_every=3)
+  state, plain_state = tx.init(params), plain.init(params)
+
+  @jax.jit
+  def step(params, state):
+    u, state = tx.update(jax.grad(loss)(params), state, params)
+    return optax.apply_updates(params, u), state
+
+  losses, seen = [], []
+  for t in range(1, 61):
+    before = np.asarray(state.inner_state[0].bases["w"][0].left)
+    if t <= 2:  # the same updates as the un-injected optimizer's (before a warm refresh, whose QR
+      # amplifies their round-off by the statistics' condition number)
+      g = jax.grad(loss)(params)
+      ours, _ = tx.update(g, state, params)
+      ref, plain_state = plain.update(g, plain_state, params)
+      np.testing.assert_allclose(ours["w"], ref["w"], atol=1e-6)
+    params, state = step(params, state)
+    losses.append(float(loss(params)))
+    if not np.array_equal(before, np.asarray(state.inner_state[0].bases["w"][0].left)):
+      seen.append(t)
+  assert losses[-1] < 0.2 * losses[0], losses
+  assert seen[:4] == [1, 3, 6, 9]  # the injected period is honoured
+  assert step._cache_size() == 1
+  # a new rate takes effect, without a recompile
+  state.hyperparams["learning_rate"] = jnp.zeros_like(state.hyperparams["learning_rate"])
+  frozen, _ = step(params, state)
+  jax.tree.map(np.testing.assert_array_equal, frozen, params)
+  assert step._cache_size() == 1
+
+
+def test_tree_map_params_reaches_the_moments_and_not_the_bases():
+  params = {"w": jnp.ones((4, 5)), "b": jnp.ones(5)}
+  tx = rotation.basis_rotation(1e-3)
+  state = tx.init(params)
+  grads = jax.tree.map(lambda x: jnp.full_like(x, 0.5), params)
+  _, state = tx.update(grads, state, params)
+  same = optax.tree_map_params(tx, lambda p: p, state)
+  jax.tree.map(np.testing.assert_array_equal, same, state)
+  doubled = optax.tree_map_params(tx, lambda p: 2 * p, state)
+  inner, new_inner = state[0].inner_state, doubled[0].inner_state
+  np.testing.assert_array_equal(new_inner.mu["w"], 2 * inner.mu["w"])
+  np.testing.assert_array_equal(new_inner.nu["b"], 2 * inner.nu["b"])
+  jax.tree.map(np.testing.assert_array_equal, doubled[0].bases, state[0].bases)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_dtypes_are_preserved_and_the_state_is_stable_through_refreshes(dtype):
+  params = {"w": jnp.zeros((6, 4), dtype), "stack": jnp.zeros((2, 3, 5), dtype), "b": jnp.zeros(4, dtype)}
+  dims = {"w": rotation.LINEAR, "stack": rotation.stacked(rotation.LINEAR), "b": None}
+  tx = rotation.basis_rotation(1e-2, weight_dimension_numbers=dims, refresh_every=2, block_size=4)
+  state = tx.init(params)
+  types = jax.tree.map(jax.typeof, state)
+  update = jax.jit(tx.update)
+  rng = np.random.default_rng(0)
+  for _ in range(5):  # cold start, keep, warm, keep, warm
+    g = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), dtype), params)
+    u, state = update(g, state, params)
+    assert jax.tree.map(lambda x: x.dtype, u) == jax.tree.map(lambda x: x.dtype, params)
+    assert jax.tree.map(jax.typeof, state) == types
+    assert all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in jax.tree.leaves(u))
+  assert update._cache_size() == 1
+
+
+def test_float64_leaves_keep_float64_through_the_state(tmp_path):
+  script = """
+import jax, jax.numpy as jnp, numpy as np, rotation
+jax.config.update("jax_enable_x64", True)
+params = {"w": jnp.zeros((5, 4), jnp.float64), "b": jnp.zeros(4, jnp.float64)}
+tx = rotation.basis_rotation(1e-2)
+state = tx.init(params)
+g = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(5, 4))), "b": jnp.ones(4, jnp.float64)}
+u, state = jax.jit(tx.update)(g, state, params)
+assert {x.dtype for x in jax.tree.leaves(u)} == {jnp.dtype("float64")}
+floats = [x.dtype for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)]
+assert set(floats) == {jnp.dtype("float64")}, floats
+print("ok")
+"""
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_bf16_moments_and_statistics():
+  params = {"w": jnp.zeros((8, 6))}
+  rng = np.random.default_rng(0)
+  grads = [{"w": jnp.asarray(rng.normal(size=(8, 6)), jnp.float32)} for _ in range(6)]
+  full, _ = _run_tree(rotation.basis_rotation(1e-2, refresh_every=2), params, grads)
+  for tx in (rotation.basis_rotation(1e-2, refresh_every=2, mu_dtype=jnp.bfloat16,
+                                     precond_dtype=jnp.bfloat16, precision="default"),
+             optax.chain(rotation.scale_by_basis_rotation(optax.scale_by_adam(mu_dtype=jnp.bfloat16),
+                                                          refresh_every=2), optax.scale(-1e-2))):
+    low, state = _run_tree(tx, params, grads)
+    for a, b in zip(low, full):
+      assert np.abs(a["w"] - b["w"]).max() < 0.1 * np.abs(b["w"]).max()  # bf16 state, same steps
+  assert state[0].inner_state.mu["w"].dtype == jnp.bfloat16  # optax's Adam with a bf16 moment
+  state = rotation.basis_rotation(1e-2, mu_dtype=jnp.bfloat16, precond_dtype=jnp.bfloat16).init(params)
+  (p,) = state[0].bases["w"]
+  assert {p.left.dtype, p.right.dtype, p.stat_left.dtype, p.stat_right.dtype} == {jnp.dtype("bfloat16")}
+  assert state[0].inner_state.mu["w"].dtype == jnp.bfloat16
+  with pytest.raises(ValueError, match="precision must be a jax.lax.Precision or its name, got 'fast'"):
+    rotation.scale_by_basis_rotation(precision="fast")
+
+
+def test_an_inner_state_field_that_cannot_follow_the_basis_is_refused_by_name():
+  def init(params):
+    return {"velocity": jax.tree.map(jnp.zeros_like, params)}
+
+  def update(g, state, params=None):
+    return g, state
+
+  with pytest.raises(ValueError, match=r"inner state field\(s\) \['velocity'\] \(velocity\)"):
+    rotation.scale_by_basis_rotation(optax.GradientTransformation(init, update)).init(
+        {"w": jnp.zeros((3, 3)), "b": jnp.zeros(3)})
+
+
+def test_schedules_and_multisteps():
+  params = {"w": jnp.ones((4, 3))}
+  rng = np.random.default_rng(0)
+  grads = [{"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)} for _ in range(4)]
+  sched = optax.linear_schedule(1e-2, 0.0, 4)
+  scheduled, _ = _run_tree(rotation.basis_rotation(sched, weight_decay=0.0), params, grads)
+  unit, _ = _run_tree(rotation.basis_rotation(1.0, weight_decay=0.0), params, grads)
+  for t in range(4):
+    np.testing.assert_allclose(scheduled[t]["w"], unit[t]["w"] * float(sched(t)), rtol=1e-6, atol=1e-9)
+  multi = optax.MultiSteps(rotation.basis_rotation(1e-2, weight_decay=0.0), every_k_schedule=2)
+  stepped, _ = _run_tree(multi, params, grads)
+  mean = [{"w": (grads[0]["w"] + grads[1]["w"]) / 2}, {"w": (grads[2]["w"] + grads[3]["w"]) / 2}]
+  direct, _ = _run_tree(rotation.basis_rotation(1e-2, weight_decay=0.0), params, mean)
+  np.testing.assert_array_equal(stepped[0]["w"], 0.0)
+  np.testing.assert_allclose(stepped[1]["w"], direct[0]["w"], rtol=1e-5, atol=1e-8)
+  np.testing.assert_allclose(stepped[3]["w"], direct[1]["w"], rtol=1e-5, atol=1e-8)
