@@ -18,10 +18,9 @@ def test_memory_report_matches_closed_form():
   sizes = [x.size for x in jax.tree.leaves(params)]
   delays = ps.stage_delays(4)
   assert mem["buffers P=4"] == 4 * sum((delays[k] + 1) * s for k, s in zip(labels, sizes))
-  # Rotation adds, per rotated kernel (m x n), two bases and two statistics in float32 and an
-  # int32 member index.
+  # Rotation adds, per rotated kernel (m x n, one block), two bases and two statistics in float32.
   mask = jax.tree.leaves(model_lib.rotation_mask(params))
-  extra = sum(8 * (x.shape[0] ** 2 + x.shape[1] ** 2) + 4
+  extra = sum(8 * (x.shape[0] ** 2 + x.shape[1] ** 2)
               for x, rotated in zip(jax.tree.leaves(params), mask) if rotated)
   assert extra > 0 and 8 * n + extra <= mem["rotation"] <= 8 * n + extra + 64
 
