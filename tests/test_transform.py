@@ -904,3 +904,20 @@ def test_schedules_and_multisteps():
   np.testing.assert_array_equal(stepped[0]["w"], 0.0)
   np.testing.assert_allclose(stepped[1]["w"], direct[0]["w"], rtol=1e-5, atol=1e-8)
   np.testing.assert_allclose(stepped[3]["w"], direct[1]["w"], rtol=1e-5, atol=1e-8)
+
+
+def test_none_leaves_in_the_tree_do_not_shift_the_bases():
+  """A per-stage tree keeps other stages' leaves as ``None`` (pipeline_sim.split_stages): each
+  rotated leaf still meets its own bases, and the numbers equal the tree without the ``None``s."""
+  rng = np.random.default_rng(3)
+  w = {k: jnp.asarray(rng.normal(size=s), jnp.float32) for k, s in (("a", (5, 3)), ("b", (4, 6)))}
+  holey = {"x": None, "a": w["a"], "y": [None, w["b"]]}
+  tx = rotation.basis_rotation(LR, refresh_every=2)
+  s_full, s_holey = tx.init(w), tx.init(holey)
+  for _ in range(4):
+    g = {k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in w.items()}
+    u_full, s_full = jax.jit(tx.update)(g, s_full, w)
+    u_holey, s_holey = jax.jit(tx.update)({"x": None, "a": g["a"], "y": [None, g["b"]]}, s_holey, holey)
+    np.testing.assert_allclose(u_holey["a"], u_full["a"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(u_holey["y"][1], u_full["b"], rtol=1e-6, atol=1e-7)
+  assert rotation.leaf_bases(s_holey, holey)["y"][1][0].shape == (4, 4)
