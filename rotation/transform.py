@@ -186,8 +186,10 @@ def _per_leaf(params, values):
 
 
 def _bases_leaves(bases, params) -> list:
-  """One entry of ``bases`` per leaf of ``params``: a tuple of pieces, or ``None`` (unrotated)."""
-  return jax.tree.structure(params).flatten_up_to(bases)
+  """One entry of ``bases`` (built by ``_per_leaf``) per leaf of ``params``: a tuple of pieces, or
+  ``None`` (unrotated). Read against the parameters' structure, so that ``None`` leaves of the
+  parameters (other stages' leaves in a per-stage tree) shift nothing."""
+  return jax.tree.structure(params, is_leaf=_is_variable).flatten_up_to(bases)
 
 
 def _moment_fields(inner_state, template) -> list[tuple[Any, str]]:
