@@ -1,6 +1,6 @@
 """``python -m experiments.bench_fsdp_state``: basis rotation's state under FSDP, from shapes.
 
-The paper's 95M model (``paper-95m``, vocabulary 50,257) with every parameter split over an
+The paper's 95M model (``--config paper-95m``, vocabulary 50,257) with every parameter split over an
 ``fsdp`` mesh axis of ``--devices`` forced CPU devices (its longest axis that the device count
 divides; a leaf with none is replicated). For AdamW and three rotation settings (the study's: the
 paper's kernels, no blocks, ``max_precond_dim=10_000``; the library default's 1,024 blocks on the
@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 
+from experiments import model as model_lib
+
 CHILD = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np, optax
@@ -27,7 +29,7 @@ from experiments import model as model_lib
 
 n = jax.device_count()
 mesh = jax.make_mesh((n,), ("fsdp",))
-cfg = model_lib.CONFIGS["paper-95m"]
+cfg = model_lib.CONFIGS[sys.argv[1]]
 shapes = model_lib.abstract_params(cfg)
 
 def fsdp(x):
@@ -60,28 +62,33 @@ for name, (dtype, tx) in settings.items():
     state = jax.eval_shape(jax.jit(tx.init, out_shardings=rotation.state_sharding(
         jax.eval_shape(tx.init, params), shardings)), params)
   leaves = jax.tree.leaves(state)
-  compiled = jax.jit(tx.update).lower(params, state, params).compile()
-  ma = compiled.memory_analysis()
+  temp = -1
+  if sys.argv[2] == "1":
+    compiled = jax.jit(tx.update).lower(params, state, params).compile()
+    temp = int(compiled.memory_analysis().temp_size_in_bytes)
   rows[name] = {"params": sum(nbytes(x) for x in jax.tree.leaves(params)),
                 "state": sum(nbytes(x) for x in leaves),
                 "state_per_device": sum(shard_bytes(x) for x in leaves),
-                "temp_per_device": int(ma.temp_size_in_bytes)}
+                "temp_per_device": temp}
   print(json.dumps({name: rows[name]}), file=sys.stderr, flush=True)
 print(json.dumps({"devices": n, "rows": rows}))
 """
 
 
-def measure(devices: int) -> dict:
+def measure(devices: int, config: str = "paper-95m", temporaries: bool = True) -> dict:
+  """The rows (bytes) in a fresh process with ``devices`` forced CPU devices; ``temporaries=False``
+  skips compiling the updates (their temporaries are then -1)."""
   env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=3600)
+  out = subprocess.run([sys.executable, "-c", CHILD, config, str(int(temporaries))], env=env, capture_output=True, text=True,
+                       timeout=3600)
   if out.returncode:
     raise RuntimeError(out.stderr[-4000:])
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  return dict(json.loads(out.stdout.strip().splitlines()[-1]), config=config)
 
 
 def table(got: dict) -> str:
   n, rows = got["devices"], got["rows"]
-  lines = [f"| paper-95m under FSDP, {n} devices | state / params (bytes) | state, all devices (MB) | "
+  lines = [f"| {got['config']} under FSDP, {n} devices | state / params (bytes) | state, all devices (MB) | "
            "state, fullest device (MB) | fullest device / all | update temporaries per device (MB) |",
            "|---|---|---|---|---|---|"]
   for name, r in rows.items():
@@ -95,10 +102,13 @@ def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(prog="python -m experiments.bench_fsdp_state", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--devices", type=int, default=8, help="forced CPU devices (default 8)")
+  parser.add_argument("--config", default="paper-95m", help="model config (default paper-95m)")
   args = parser.parse_args(argv)
   if args.devices < 1:
     parser.error(f"--devices must be >= 1, got {args.devices}")
-  got = measure(args.devices)
+  if args.config not in model_lib.CONFIGS:
+    parser.error(f"unknown --config {args.config!r}; choose from {sorted(model_lib.CONFIGS)}")
+  got = measure(args.devices, args.config)
   print(table(got))
   return got
 
