@@ -79,8 +79,8 @@ def measure(devices: int, config: str = "paper-95m", temporaries: bool = True) -
   """The rows (bytes) in a fresh process with ``devices`` forced CPU devices; ``temporaries=False``
   skips compiling the updates (their temporaries are then -1)."""
   env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  out = subprocess.run([sys.executable, "-c", CHILD, config, str(int(temporaries))], env=env, capture_output=True, text=True,
-                       timeout=3600)
+  out = subprocess.run([sys.executable, "-c", CHILD, config, str(int(temporaries))], env=env,
+                       capture_output=True, text=True, timeout=3600)
   if out.returncode:
     raise RuntimeError(out.stderr[-4000:])
   return dict(json.loads(out.stdout.strip().splitlines()[-1]), config=config)
