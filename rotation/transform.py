@@ -519,43 +519,64 @@ def scale_by_basis_rotation(
                                                        orthonormalization)
     return new_l, new_r, new_seconds, _rotate_in(g, new_l, new_r)
 
-  def leaf_step(count, plan, pieces, g, firsts, seconds, period, offset):
-    """One rotated leaf: statistics, refresh under lax.switch, rotation in. Returns the rotated
-    gradient (the leaf's layout), the new pieces and the re-expressed moments (compute dtype)."""
-    lay, cdt = plan.layout, _compute_dtype(g)
-    cut = lambda x: dims.to_pieces(x.astype(cdt), lay)
-    gp, fp, sp = cut(g), [cut(f) for f in firsts], [cut(s) for s in seconds]
-    up = lambda x: None if x is None else x.astype(cdt)
-    args = []
-    for j, piece in enumerate(pieces):
-      sl, sr = jax.vmap(statistics)(gp[j], up(piece.stat_left), up(piece.stat_right))
-      args.append((gp[j], up(piece.left), up(piece.right), sl, sr,
-                   tuple(f[j] for f in fp), tuple(s[j] for s in sp)))
+  def rotate_in(count, items, together):
+    """Statistics, refresh and rotation in for every rotated leaf at once. ``items``: per leaf
+    ``(plan, pieces, g, firsts, seconds, period, offset)``. Returns per leaf the rotated gradient
+    (the leaf's layout), the new pieces and the re-expressed moments (compute dtype).
+
+    The pieces of all leaves are one list: those of equal shapes run as one stack when
+    ``together`` (``_batched``), and the leaves sharing a refresh schedule share one
+    ``lax.switch``, so a model of many small kernels costs a few large ops, not many small ones."""
+    args, owners = [], []
+    for n, (plan, pieces, g, firsts, seconds, _, _) in enumerate(items):
+      cdt = _compute_dtype(g)
+      cut = lambda x, lay=plan.layout, cdt=cdt: dims.to_pieces(x.astype(cdt), lay)
+      up = lambda x, cdt=cdt: None if x is None else x.astype(cdt)
+      gp, fp, sp = cut(g), [cut(f) for f in firsts], [cut(s) for s in seconds]
+      for j, piece in enumerate(pieces):
+        args.append((gp[j], up(piece.left), up(piece.right), up(piece.stat_left), up(piece.stat_right),
+                     tuple(f[j] for f in fp), tuple(s[j] for s in sp)))
+        owners.append(n)
+    stats = _batched(lambda a: jax.vmap(statistics)(a[0], a[3], a[4]), args, together)
+    args = [a[:3] + st + a[5:] for a, st in zip(args, stats)]
     rot_in = jax.vmap(lambda g, ql, qr: _rotate_in(g, ql, qr, precision))
     keep = lambda a: (a[1], a[2], a[5], a[6], rot_in(a[0], a[1], a[2]))
-    if fixed:
-      outs = [keep(a) for a in args]
-    else:
-      batched = jax.default_backend() != "cpu" if batch_refresh is None else batch_refresh
-      each = jax.vmap if batched else (lambda f: lambda a: jax.lax.map(f, a))
-      warm_now = (count > 1) & ((count - offset) % period == 0)
-      if freeze_after is not None:
-        warm_now = warm_now & (count <= freeze_after)
-      branch = jnp.where(count == 1, 1, jnp.where(warm_now, 2, 0))
-      outs = jax.lax.switch(branch, [lambda al: [keep(a) for a in al],
-                                     lambda al: [each(cold)(a) for a in al],
-                                     lambda al: [each(warm)(a) for a in al]], args)
-    new_pieces = tuple(
-        RotationPiece(stored(ql, piece.left.dtype if ql is not None else None),
-                      stored(qr, piece.right.dtype if qr is not None else None),
-                      stored(a[3], piece.stat_left.dtype if a[3] is not None else None),
-                      stored(a[4], piece.stat_right.dtype if a[4] is not None else None))
-        for piece, a, (ql, qr, _, _, _) in zip(pieces, args, outs))
-    join = lambda parts: dims.from_pieces(parts, lay)
-    g_rot = join([o[4] for o in outs])
-    new_firsts = [join([o[2][k] for o in outs]) for k in range(len(firsts))]
-    new_seconds = [join([o[3][k] for o in outs]) for k in range(len(seconds))]
-    return g_rot, new_pieces, new_firsts, new_seconds
+    outs = [None] * len(args)
+    schedules = {}  # (period, offset) -> pieces; a traced period (inject_hyperparams) by identity
+    for k, n in enumerate(owners):
+      key = tuple(x if isinstance(x, int) else id(x) for x in items[n][5:])
+      schedules.setdefault(key, (items[n][5:], []))[1].append(k)
+    for (period, offset), ks in schedules.values():
+      group = [args[k] for k in ks]
+      if fixed:
+        got = _batched(keep, group, together)
+      else:
+        batched = jax.default_backend() != "cpu" if batch_refresh is None else batch_refresh
+        each = jax.vmap if batched else (lambda f: lambda a: jax.lax.map(f, a))
+        warm_now = (count > 1) & ((count - offset) % period == 0)
+        if freeze_after is not None:
+          warm_now = warm_now & (count <= freeze_after)
+        branch = jnp.where(count == 1, 1, jnp.where(warm_now, 2, 0))
+        got = jax.lax.switch(branch, [lambda al: _batched(keep, al, together),
+                                      lambda al: _batched(each(cold), al, together),
+                                      lambda al: _batched(each(warm), al, together)], group)
+      for k, o in zip(ks, got):
+        outs[k] = o
+    results = []
+    for n, (plan, pieces, _, firsts, seconds, _, _) in enumerate(items):
+      mine = [k for k, o in enumerate(owners) if o == n]
+      a_n, o_n = [args[k] for k in mine], [outs[k] for k in mine]
+      new_pieces = tuple(
+          RotationPiece(stored(ql, piece.left.dtype if ql is not None else None),
+                        stored(qr, piece.right.dtype if qr is not None else None),
+                        stored(a[3], piece.stat_left.dtype if a[3] is not None else None),
+                        stored(a[4], piece.stat_right.dtype if a[4] is not None else None))
+          for piece, a, (ql, qr, _, _, _) in zip(pieces, a_n, o_n))
+      join = lambda parts, lay=plan.layout: dims.from_pieces(parts, lay)
+      results.append((join([o[4] for o in o_n]), new_pieces,
+                      [join([o[2][k] for o in o_n]) for k in range(len(firsts))],
+                      [join([o[3][k] for o in o_n]) for k in range(len(seconds))]))
+    return results
 
   def update_fn(updates, state, params=None, **extra_args):
     del params
@@ -578,37 +599,64 @@ def scale_by_basis_rotation(
     values = {path: treedef.flatten_up_to(_at(state.inner_state, path)) for path in first + second_}
     leaf_periods = periods(refresh_every, updates)
     n_rotated = sum(p is not None for p in plans)
-    rotated, new_entries = [], list(entries)
-    for i, (g, plan) in enumerate(zip(leaves, plans)):
-      if plan is None:
-        rotated.append(g.astype(_compute_dtype(g)))
-        continue
-      period = leaf_periods[i]
-      offset = plan.rank * period // n_rotated if stagger else 0
-      g_rot, new_entries[i], new_f, new_s = leaf_step(
-          count, plan, entries[i], g, [values[p][i] for p in first], [values[p][i] for p in second_],
-          period, offset)
+    together = _mesh_of(leaves) is None  # on a mesh, each leaf's stacks keep their own layout
+    rotated = [g.astype(_compute_dtype(g)) for g in leaves]
+    new_entries = list(entries)
+    idx = [i for i, plan in enumerate(plans) if plan is not None]
+    items = [(plans[i], entries[i], leaves[i], [values[p][i] for p in first], [values[p][i] for p in second_],
+              leaf_periods[i], plans[i].rank * leaf_periods[i] // n_rotated if stagger else 0) for i in idx]
+    for i, (g_rot, pieces, new_f, new_s) in zip(idx, rotate_in(count, items, together) if items else []):
+      rotated[i], new_entries[i] = g_rot, pieces
       for p, v in zip(first + second_, new_f + new_s):
         values[p][i] = v.astype(values[p][i].dtype)
-      rotated.append(g_rot)
     inner_state = state.inner_state
     for path, vals in values.items():
       inner_state = _replace_at(inner_state, path, treedef.unflatten(vals))
     new_updates, inner_state = inner.update(treedef.unflatten(rotated), inner_state, None, **extra_args)
-    out = []
-    rot_out = jax.vmap(lambda u, ql, qr: _rotate_out(u, ql, qr, precision))
-    for g, u, plan, pieces in zip(leaves, treedef.flatten_up_to(new_updates), plans, new_entries):
+    rot_out = jax.vmap(lambda a: _rotate_out(*a, precision))
+    parts, owners = [], []
+    for n, (g, u, plan, pieces) in enumerate(zip(leaves, treedef.flatten_up_to(new_updates), plans,
+                                                new_entries)):
       if plan is not None:
         cdt = _compute_dtype(g)
-        up = lambda x: None if x is None else x.astype(cdt)
-        parts = dims.to_pieces(u.astype(cdt), plan.layout)
-        u = dims.from_pieces([rot_out(p, up(pc.left), up(pc.right)) for p, pc in zip(parts, pieces)],
-                             plan.layout)
+        up = lambda x, cdt=cdt: None if x is None else x.astype(cdt)
+        for p, pc in zip(dims.to_pieces(u.astype(cdt), plan.layout), pieces):
+          parts.append((p, up(pc.left), up(pc.right)))
+          owners.append(n)
+    rotated_out = _batched(rot_out, parts, together)
+    out = []
+    for n, (g, u, plan) in enumerate(zip(leaves, treedef.flatten_up_to(new_updates), plans)):
+      if plan is not None:
+        u = dims.from_pieces([r for r, o in zip(rotated_out, owners) if o == n], plan.layout)
       out.append(u.astype(g.dtype))
     new_bases = _per_leaf(updates, new_entries)
     return treedef.unflatten(out), BasisRotationState(count, new_bases, inner_state)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _batched(fn, arg_list, together: bool) -> list:
+  """``fn`` (a function of K-stacked arguments whose outputs are K-stacked) on each element of
+  ``arg_list``; when ``together``, the elements of equal structure, trailing shapes and dtypes run
+  as one concatenated stack, split back afterwards (the same numbers per matrix, fewer ops)."""
+  if not together:
+    return [fn(a) for a in arg_list]
+  groups = {}
+  for i, a in enumerate(arg_list):
+    sig = (jax.tree.structure(a), tuple((x.shape[1:], x.dtype) for x in jax.tree.leaves(a)))
+    groups.setdefault(sig, []).append(i)
+  out = [None] * len(arg_list)
+  for members in groups.values():
+    if len(members) == 1:
+      out[members[0]] = fn(arg_list[members[0]])
+      continue
+    sizes = [jax.tree.leaves(arg_list[i])[0].shape[0] for i in members]
+    res = fn(jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *[arg_list[i] for i in members]))
+    start = 0
+    for i, k in zip(members, sizes):
+      out[i] = jax.tree.map(lambda x, start=start, k=k: x[start:start + k], res)
+      start += k
+  return out
 
 
 _NOT_PARAMS = type("NotParams", (), {"__repr__": lambda self: "NotParams"})()
