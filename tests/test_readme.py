@@ -1,4 +1,5 @@
-"""The README stays true: each snippet runs on its own, its commands exist, CI runs its test command."""
+"""The README and docs/recipes.md stay true: each snippet and recipe runs on its own as pasted and
+does what its text says, the commands exist, CI runs the README's test command."""
 
 import pathlib
 import re
@@ -12,17 +13,19 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 DOCS = sorted((ROOT / "docs").rglob("*.md"))
-SNIPPETS = re.findall(r"```python\n(.*?)```", README, re.S)
+PYTHON_BLOCKS = r"```python\n(.*?)```"
+SNIPPETS = re.findall(PYTHON_BLOCKS, README, re.S)
+RECIPES = re.findall(PYTHON_BLOCKS, (ROOT / "docs" / "recipes.md").read_text(), re.S)
 
 
 def _run(code, name):
   scope = {}  # a fresh namespace: the snippet brings its own imports
-  exec(compile(code, f"README {name}", "exec"), scope)
+  exec(compile(code, name, "exec"), scope)
   return scope
 
 
 def test_quickstart_runs_on_its_own_and_learns():
-  scope = _run(SNIPPETS[0], "quickstart")
+  scope = _run(SNIPPETS[0], "README quickstart")
   losses = np.asarray(scope["losses"])
   assert losses.shape == (30,) and np.all(np.isfinite(losses))
   assert losses[-5:].mean() < 0.5 * losses[:5].mean(), losses
@@ -56,7 +59,7 @@ def test_snippets_need_only_the_installed_libraries(tmp_path):
 
 
 def test_pipeline_snippet_runs_on_its_own():
-  scope = _run(SNIPPETS[1], "pipeline")
+  scope = _run(SNIPPETS[1], "README pipeline")
   losses = np.asarray(scope["losses"])
   assert scope["pipe"].num_stages == 4 and losses.shape == (20,) and np.all(np.isfinite(losses))
   assert int(scope["state"].step) == 20 and len(scope["state"].opt_states) == 4  # per-stage copies
@@ -122,3 +125,40 @@ def test_every_relative_link_resolves():
 def test_the_readme_is_a_front_door():
   assert len(README.splitlines()) <= 250
   assert sum(p.stat().st_size for p in (ROOT / "docs" / "results").rglob("*") if p.is_file()) < 2 * 2**20
+
+
+def test_attention_and_scanned_stack_recipe_rotates_each_layer_as_the_paper_does():
+  scope = _run(RECIPES[0], "docs/recipes.md attention recipe")
+  losses = np.asarray(scope["losses"])
+  assert np.all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0], losses
+  rotation, nnx = scope["rotation"], scope["nnx"]
+  state = next(x for x in jax.tree.leaves(scope["opt"].opt_state, is_leaf=lambda x: isinstance(
+      x, rotation.BasisRotationState)) if isinstance(x, rotation.BasisRotationState))
+  params = nnx.state(scope["net"], nnx.Param)
+  bases = rotation.leaf_bases(state, params)
+  shapes = {jax.tree_util.keystr(p): None if e is None else [tuple(q.shape) for q in e[0]]
+            for p, e in jax.tree_util.tree_leaves_with_path(
+                bases, is_leaf=lambda x: x is None or isinstance(x, tuple))}
+  layers, width = 3, 32
+  for name in ("query", "key", "value", "out"):  # (3, 32, 4, 8) and (3, 4, 8, 32): 32 x 32 a layer
+    assert shapes[f"['blocks']['attn']['{name}']['kernel']"] == [(layers, width, width)] * 2
+    assert shapes[f"['blocks']['attn']['{name}']['bias']"] is None
+  assert shapes["['blocks']['mlp']['layers'][0]['kernel']"] == [(layers, width, width),
+                                                                 (layers, 4 * width, 4 * width)]
+  assert shapes["['blocks']['mlp']['layers'][2]['kernel']"] == [(layers, 4 * width, 4 * width),
+                                                                 (layers, width, width)]
+  assert shapes["['embed']['kernel']"] is None and shapes["['head']['kernel']"] is None
+
+
+def test_the_sharded_recipe_splits_the_state_over_eight_devices(forced_devices):
+  code = RECIPES[1] + """
+import json
+leaves = jax.tree.leaves(state)
+per_device = sum(s.data.nbytes for x in leaves for s in x.addressable_shards if s.device.id == 0)
+print(json.dumps({"spec": str(state[0].bases["embed"][0].left.sharding.spec),
+                  "fraction": per_device / sum(x.nbytes for x in leaves),
+                  "finite": all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params))}))
+"""
+  got = forced_devices(code, 8)
+  assert re.fullmatch(r"(PartitionSpec|P)\('fsdp'(, None)*,?\)", got["spec"]), got
+  assert got["fraction"] <= 1.25 / 8 and got["finite"], got
