@@ -541,6 +541,8 @@ def scale_by_basis_rotation(
     args = [a[:3] + st + a[5:] for a, st in zip(args, stats)]
     rot_in = jax.vmap(lambda g, ql, qr: _rotate_in(g, ql, qr, precision))
     keep = lambda a: (a[1], a[2], a[5], a[6], rot_in(a[0], a[1], a[2]))
+    batched = jax.default_backend() != "cpu" if batch_refresh is None else batch_refresh
+    each = jax.vmap if batched else (lambda f: lambda a: jax.lax.map(f, a))
     outs = [None] * len(args)
     schedules = {}  # (period, offset) -> pieces; a traced period (inject_hyperparams) by identity
     for k, n in enumerate(owners):
@@ -551,8 +553,6 @@ def scale_by_basis_rotation(
       if fixed:
         got = _batched(keep, group, together)
       else:
-        batched = jax.default_backend() != "cpu" if batch_refresh is None else batch_refresh
-        each = jax.vmap if batched else (lambda f: lambda a: jax.lax.map(f, a))
         warm_now = (count > 1) & ((count - offset) % period == 0)
         if freeze_after is not None:
           warm_now = warm_now & (count <= freeze_after)
@@ -564,8 +564,7 @@ def scale_by_basis_rotation(
         outs[k] = o
     results = []
     for n, (plan, pieces, _, firsts, seconds, _, _) in enumerate(items):
-      mine = [k for k, o in enumerate(owners) if o == n]
-      a_n, o_n = [args[k] for k in mine], [outs[k] for k in mine]
+      a_n, o_n = _owned(args, owners, n), _owned(outs, owners, n)
       new_pieces = tuple(
           RotationPiece(stored(ql, piece.left.dtype if ql is not None else None),
                         stored(qr, piece.right.dtype if qr is not None else None),
@@ -599,7 +598,9 @@ def scale_by_basis_rotation(
     values = {path: treedef.flatten_up_to(_at(state.inner_state, path)) for path in first + second_}
     leaf_periods = periods(refresh_every, updates)
     n_rotated = sum(p is not None for p in plans)
-    together = _mesh_of(leaves) is None  # on a mesh, each leaf's stacks keep their own layout
+    # on one device the same-shape pieces of all leaves run as one stack; on several, each leaf's
+    # stacks keep their own layout (a concatenation would move them between devices)
+    together = jax.device_count() == 1
     rotated = [g.astype(_compute_dtype(g)) for g in leaves]
     new_entries = list(entries)
     idx = [i for i, plan in enumerate(plans) if plan is not None]
@@ -627,7 +628,7 @@ def scale_by_basis_rotation(
     out = []
     for n, (g, u, plan) in enumerate(zip(leaves, treedef.flatten_up_to(new_updates), plans)):
       if plan is not None:
-        u = dims.from_pieces([r for r, o in zip(rotated_out, owners) if o == n], plan.layout)
+        u = dims.from_pieces(_owned(rotated_out, owners, n), plan.layout)
       out.append(u.astype(g.dtype))
     new_bases = _per_leaf(updates, new_entries)
     return treedef.unflatten(out), BasisRotationState(count, new_bases, inner_state)
@@ -657,6 +658,11 @@ def _batched(fn, arg_list, together: bool) -> list:
       out[i] = jax.tree.map(lambda x, start=start, k=k: x[start:start + k], res)
       start += k
   return out
+
+
+def _owned(values, owners, n) -> list:
+  """The elements of ``values`` whose owner (the parallel list ``owners``) is ``n``, in order."""
+  return [v for v, o in zip(values, owners) if o == n]
 
 
 _NOT_PARAMS = type("NotParams", (), {"__repr__": lambda self: "NotParams"})()
