@@ -3,7 +3,7 @@
 Thread policy of the command-line tools (``python -m experiments.<tool>``): XLA's CPU QR, eigh and
 SVD (basis rotation's refreshes) call LAPACK in OpenBLAS, whose own worker threads compete with
 XLA's threads, and with any other process, for the cores; on a busy 2-core machine one refresh can
-take hundreds of times longer (``python -m experiments.bench_threads``). So when a tool of this
+take hundreds of times longer (``python -m experiments.bench.threads``). So when a tool of this
 package is the program being run, OpenBLAS is made single-threaded before anything loads it,
 unless the user already chose (``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` set). Importing
 this package from your own program changes no environment variable; the library itself

@@ -16,9 +16,9 @@ def study_case(method: str = "rotation"):
   number of ``L`` (and a rank-deficient ``L`` leaves part of the basis to round-off), so two
   implementations that only sum in another order part by far more than round-off after one; the
   float64 reference tests in ``tests/test_transform.py`` check it."""
-  from experiments import methods
-  from experiments import model as model_lib
-  from experiments.runs import RunConfig
+  from experiments.harness import methods
+  from experiments.harness import model as model_lib
+  from experiments.harness.runs import RunConfig
 
   cfg = model_lib.ModelConfig(num_blocks=2, width=32, num_heads=2, context=8, vocab_size=48,
                               mlp_ratio=4)

@@ -1,8 +1,8 @@
-"""The prepared accelerator command (experiments/bench_accelerator.py), on CPU with the smoke preset."""
+"""The prepared accelerator command (experiments/bench/accelerator.py), on CPU with the smoke preset."""
 
 import pytest
 
-from experiments import bench_accelerator
+from experiments.bench import accelerator as bench_accelerator
 
 
 def test_the_preset_part_trains_every_run_and_prints_its_ratios(capsys):
@@ -36,6 +36,7 @@ def test_bad_values_fail_before_any_part_runs(argv, message, capsys):
 
 
 def test_the_paper_scale_runs_use_the_memory_options():
-  from experiments import bench_accelerator, presets
+  from experiments.bench import accelerator as bench_accelerator
+  from experiments.sweep import presets
   configs = bench_accelerator.preset_configs(presets.PRESETS["gpu-95m"], 300, (1, 8), ("rotation",))
   assert all(c.remat == "nothing_saveable" and c.loss_chunk == 2048 for c in configs)

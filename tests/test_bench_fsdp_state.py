@@ -4,8 +4,8 @@
 import jax
 import numpy as np
 
-from experiments import bench_fsdp_state
-from experiments import model as model_lib
+from experiments.bench import fsdp_state as bench_fsdp_state
+from experiments.harness import model as model_lib
 
 
 def test_state_bytes_match_closed_forms_and_are_split_over_the_devices():

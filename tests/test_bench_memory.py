@@ -1,4 +1,4 @@
-"""experiments.bench_memory on a small preset: the table's rows, the options' effect on the compiled
+"""experiments.bench.memory on a small preset: the table's rows, the options' effect on the compiled
 program's temporaries, and the timing line."""
 
 import dataclasses
@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from experiments import bench_memory, presets
+from experiments.bench import memory as bench_memory
+from experiments.sweep import presets
 
 
 def test_memory_table_and_step_times(monkeypatch, capsys):

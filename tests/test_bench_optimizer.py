@@ -3,8 +3,8 @@
 import jax
 
 import pipeline_sim as ps
-from experiments import bench_optimizer
-from experiments import model as model_lib
+from experiments.bench import optimizer as bench_optimizer
+from experiments.harness import model as model_lib
 
 
 def test_memory_report_matches_closed_form():

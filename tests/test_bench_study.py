@@ -1,4 +1,4 @@
-"""The study benchmark's time account and FLOP count (experiments/bench_study.py)."""
+"""The study benchmark's time account and FLOP count (experiments/bench/study.py)."""
 
 import dataclasses
 
@@ -6,11 +6,11 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import bench_study
-from experiments import data as data_lib
-from experiments import memory as memory_lib
-from experiments import model as model_lib
-from experiments.config import RunConfig
+from experiments.bench import study as bench_study
+from experiments.harness import data as data_lib
+from experiments.harness import memory as memory_lib
+from experiments.harness import model as model_lib
+from experiments.harness.config import RunConfig
 
 
 def test_account_splits_a_runs_wall_time_and_reads_older_results():

@@ -1,11 +1,12 @@
-"""Three verdicts (experiments/claims.py) on synthetic per-seed values and curves with known answers."""
+"""Three verdicts (experiments/report/claims.py) on synthetic per-seed values and curves with known
+answers."""
 
 import numpy as np
 import pytest
 import scipy.stats
 
-from experiments import claims, metrics
-from experiments.tables import curves_by, seed_tables
+from experiments.report import claims, metrics
+from experiments.report.tables import curves_by, seed_tables
 
 WINDOW = 30
 

@@ -1,11 +1,12 @@
-"""experiments/curves.py: the committed curves round-trip, long runs as block means, older gzip files."""
+"""experiments/report/curves.py: the committed curves round-trip, long runs as block means, older gzip
+files."""
 
 import gzip
 import json
 
 import numpy as np
 
-from experiments import curves
+from experiments.report import curves
 
 
 def _result(losses, name="r"):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from experiments import data
+from experiments.harness import data
 
 
 @pytest.fixture(scope="module")

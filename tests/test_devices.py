@@ -10,7 +10,7 @@ import jax, jax.numpy as jnp, numpy as np, optax
 jax.config.update("jax_enable_x64", True)
 import pipeline_sim as ps
 import rotation
-from experiments.bench_devices import collective_bytes
+from experiments.bench.devices import collective_bytes
 
 M, CHUNK, B, W = 8, 4, 8, 5
 rng = np.random.default_rng(0)

@@ -5,7 +5,8 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import cli, hessian
+from experiments import cli
+from experiments.studies import hessian
 
 SHAPE = (6, 8)
 

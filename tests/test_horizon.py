@@ -1,10 +1,11 @@
-"""The horizon study (experiments/horizon.py) from curves files of synthetic runs at two lengths."""
+"""The horizon study (experiments/studies/horizon.py) from curves files of synthetic runs at two lengths."""
 
 import json
 
 import numpy as np
 
-from experiments import curves, horizon
+from experiments.report import curves
+from experiments.studies import horizon
 
 
 def _run(method, stages, stretch, seed, steps):

@@ -1,4 +1,4 @@
-"""Every method's per-stage optimizers (experiments/methods.py), checked by their behaviour."""
+"""Every method's per-stage optimizers (experiments/harness/methods.py), checked by their behaviour."""
 
 import dataclasses
 
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import methods
-from experiments.runs import RunConfig
+from experiments.harness import methods
+from experiments.harness.runs import RunConfig
 
 P = 4
 

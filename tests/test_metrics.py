@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from experiments import metrics
+from experiments.report import metrics
 
 
 def test_centred_smoothing_and_iterations_to_target():

@@ -1,9 +1,9 @@
-"""The controlled misalignment x delay study (experiments/misalignment.py) on a tiny grid."""
+"""The controlled misalignment x delay study (experiments/studies/misalignment.py) on a tiny grid."""
 
 import numpy as np
 import pytest
 
-from experiments import misalignment as mis
+from experiments.studies import misalignment as mis
 
 TINY = mis.Study(dim=4, thetas=(0.0, 45.0), taus=(0, 2), seeds=(0,), lrs=(0.01, 0.04, 0.16), steps=80)
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import model as model_lib
+from experiments.harness import model as model_lib
 
 TINY = model_lib.CONFIGS["cpu-tiny"]
 

@@ -11,18 +11,20 @@ import sys
 
 import conftest
 
-from experiments import data, runs
-from experiments.config import RunConfig
+from experiments.harness import data, runs
+from experiments.harness.config import RunConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
 import json, pathlib, sys
 import jax
-from experiments import data, processes, runs
-from experiments.config import RunConfig
+from experiments.harness import data
+from experiments.harness import processes
+from experiments.harness import runs
+from experiments.harness.config import RunConfig
 assert processes.initialize_distributed()
-from experiments import sweep
+from experiments.sweep import executor as sweep
 root = pathlib.Path(sys.argv[1])
 sweep.prepare_out(root / "out")  # process 0 probes the folder, the other waits
 processes.write_json(root / "out" / "tuning.json", {"writer": jax.process_index()})  # process 0 only
@@ -72,8 +74,12 @@ def test_two_processes_train_one_run_and_match_one_process(tmp_path):
 RESTORE = r"""
 import json, pathlib, sys, warnings
 import jax, numpy as np
-from experiments import checkpoints, data, processes, runs, sweep
-from experiments.config import RunConfig
+from experiments.harness import checkpoints
+from experiments.harness import data
+from experiments.harness import processes
+from experiments.harness import runs
+from experiments.sweep import executor as sweep
+from experiments.harness.config import RunConfig
 assert processes.initialize_distributed()
 root = pathlib.Path(sys.argv[1])
 try:  # process 0 cannot write here: every process must hear of it (none may wait at a barrier)

@@ -5,9 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from experiments import data as data_lib
-from experiments import metrics, presets, protocol, sweep
-from experiments.config import run_name
+from experiments.harness import data as data_lib
+from experiments.harness.config import run_name
+from experiments.report import metrics
+from experiments.studies import protocol
+from experiments.sweep import executor as sweep
+from experiments.sweep import presets
 
 
 def _curve(slowdown, steps=1200):

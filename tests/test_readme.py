@@ -80,7 +80,7 @@ def _readme_modules():
 
 def test_readme_modules_exist():
   modules = _readme_modules()
-  assert {"experiments.sweep", "autodiff_demos", "experiments.hessian"} <= set(modules)
+  assert {"experiments.sweep", "autodiff_demos", "experiments.studies.hessian"} <= set(modules)
   for module in modules:
     path = ROOT / (module.replace(".", "/") + ".py")
     package = ROOT / module.replace(".", "/") / "__main__.py"
@@ -100,7 +100,7 @@ def test_readme_modules_answer_help(module, monkeypatch, capsys):
 
 
 def test_generated_tables_equal_the_reports_they_name():
-  from experiments import report
+  from experiments.report import build as report
 
   for page in [ROOT / "README.md", *DOCS]:
     for _, path, heading, table, _ in report.GENERATED.findall(page.read_text()):

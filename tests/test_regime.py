@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from experiments import presets, regime
+from experiments.studies import regime
+from experiments.sweep import presets
 
 
 def _result(method, stages, steps, slowdown, seed=0):

@@ -1,4 +1,5 @@
-"""The report (experiments/report.py, sections.py, tables.py) rebuilt from a curves file of synthetic runs."""
+"""The report (experiments/report/build.py, sections.py, tables.py) rebuilt from a curves file of
+synthetic runs."""
 
 
 import json
@@ -6,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from experiments import curves, report, sections, tables
+from experiments.report import build as report
+from experiments.report import curves, sections, tables
 
 STEPS, WINDOW = 200, 5
 

@@ -1,4 +1,4 @@
-"""One run's identity, damaged files and resumption (experiments/runs.py)."""
+"""One run's identity, damaged files and resumption (experiments/harness/runs.py)."""
 
 import dataclasses
 import json
@@ -12,9 +12,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from experiments import checkpoints, provenance, runs
-from experiments import data as data_lib
-from experiments.config import OutOfMemory, RunConfig, identity, memory_options, run_name
+from experiments.harness import checkpoints, provenance, runs
+from experiments.harness import data as data_lib
+from experiments.harness.config import OutOfMemory, RunConfig, identity, memory_options, run_name
 
 CONFIG = RunConfig(method="pipedream", stages=2, seed=0, lr=3e-3, steps=30, batch_size=4,
                         model="cpu-tiny", chunk=10, eval_every=10, eval_batches=1, checkpoint_every=10)
@@ -201,7 +201,7 @@ def test_checkpoints_of_other_code_are_not_resumed(tmp_path, corpus, monkeypatch
 
 def test_the_code_identity_is_a_hash_of_the_source_files():
   files = provenance.source_files()
-  assert "rotation/transform.py" in files and "experiments/runs.py" in files
+  assert "rotation/transform.py" in files and "experiments/harness/runs.py" in files
   assert provenance.code_version()["source"] == provenance.source_hash(files)
   edited = {**files, "rotation/transform.py": "0" * 64}
   assert provenance.source_hash(edited) != provenance.source_hash(files)

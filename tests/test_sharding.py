@@ -7,8 +7,9 @@ SCRIPT = r"""
 import dataclasses, json, pathlib, tempfile
 import jax
 import pipeline_sim as ps
-from experiments import data, runs
-from experiments.config import RunConfig
+from experiments.harness import data
+from experiments.harness import runs
+from experiments.harness.config import RunConfig
 
 ds = data.default_corpus(32)
 out = pathlib.Path(tempfile.mkdtemp())

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 import tqdm as tqdm_lib
 
-from experiments import cli, provenance, runs, sweep
-from experiments import data as data_lib
-from experiments import memory as memory_lib
-from experiments import report as report_lib
-from experiments.config import RunConfig, identity, run_dir, run_name
+from experiments import cli
+from experiments.harness import data as data_lib
+from experiments.harness import memory as memory_lib
+from experiments.harness import provenance, runs
+from experiments.harness.config import RunConfig, identity, run_dir, run_name
+from experiments.report import build as report_lib
+from experiments.sweep import executor as sweep
 
 
 def test_smoke_sweep_end_to_end(tmp_path):
@@ -361,7 +363,7 @@ def test_ctrl_c_during_compilation_exits_cleanly(tmp_path):
   env = {**os.environ, "PYTHONUNBUFFERED": "1"}
   proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", "--preset", "smoke", "--methods",
                            "rotation", "--stages", "4", "--out", str(tmp_path / "c")],
-                          cwd=sweep.pathlib.Path(sweep.__file__).parents[1], env=env,
+                          cwd=sweep.pathlib.Path(sweep.__file__).parents[2], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   line = ""
   while "sweep 'smoke'" not in line:  # the plan is printed right before the first compilation
@@ -397,7 +399,7 @@ def test_sigterm_stops_the_sweep_and_its_workers(tmp_path):
 
   proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", "--preset", "smoke", "--methods",
                            "pipedream", "rotation", "--stages", "4", "--jobs", "2", "--out",
-                           str(tmp_path / "t")], cwd=sweep.pathlib.Path(sweep.__file__).parents[1],
+                           str(tmp_path / "t")], cwd=sweep.pathlib.Path(sweep.__file__).parents[2],
                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
   deadline, workers = time.time() + 120, []
@@ -500,12 +502,12 @@ def test_a_dead_worker_ends_only_its_own_run_and_failures_are_named(tmp_path):
 def test_a_worker_refuses_to_train_code_other_than_the_sweeps(tmp_path):
   plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
   ds = data_lib.load(None, context=plan.main[0].model_config(256).context)
-  started = {**provenance.source_files(), "experiments/runs.py": "0" * 64}  # edited since the sweep began
+  started = {**provenance.source_files(), "experiments/harness/runs.py": "0" * 64}  # edited since it began
   q = queue_lib.Queue()
   sweep._worker(q, 7, plan.main[0], ds, tmp_path / "run", 1, started)
   kind, index, message = q.get_nowait()
   assert (kind, index) == ("error", 7)
-  assert "source changed since the sweep began (experiments/runs.py)" in message
+  assert "source changed since the sweep began (experiments/harness/runs.py)" in message
   assert not (tmp_path / "run").exists()  # nothing trained
 
 

@@ -3,7 +3,7 @@ import optax
 import pytest
 
 import rotation
-from experiments import toy_quadratic as toy
+from experiments.studies import toy_quadratic as toy
 
 
 def test_hessians():

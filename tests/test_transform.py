@@ -419,7 +419,7 @@ def test_compositions_with_optax_and_no_recompilation():
 
 
 def test_flax_nnx_optimizer_on_transformer():
-  from experiments import model as model_lib
+  from experiments.harness import model as model_lib
   cfg = model_lib.CONFIGS["cpu-tiny"]
   net = model_lib.Transformer(cfg, nnx.Rngs(0))
   opt = nnx.Optimizer(net, rotation.basis_rotation(1e-2, refresh_every=2), wrt=nnx.Param)

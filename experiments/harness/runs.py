@@ -1,0 +1,336 @@
+"""One training run: model, data, per-stage optimizers, emulated pipeline, checkpoints, result.
+
+A run lives in its own folder, named by its identity (``run_name``: the settings and a hash of the
+config, the data's sha256 and the vocabulary), and holds ``identity.json`` from its first step.
+``result.json`` is written (atomically) only when the run ends, so its presence means "finished":
+a sweep skips such runs. Until then an Orbax checkpoint of the whole pipeline state and the loss
+history is saved every ``checkpoint_every`` steps; a restarted run resumes from it and, since
+batches are a pure function of (seed, step) and chunks are the same, ends with exactly the numbers
+of an uninterrupted run. ``metrics.jsonl`` gets one line per step (step, loss, learning rate,
+gradient norm, seconds) while the run trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pipeline_sim as ps
+from experiments.harness import methods, provenance
+from experiments.harness import model as model_lib
+from experiments.harness.checkpoints import _Checkpoints
+from experiments.harness.config import OutOfMemory, RunConfig, identity, out_of_memory
+from experiments.harness.data import Dataset
+from experiments.harness.processes import DamagedFileError, _read_json, barrier, is_primary, write_json
+
+
+def load_result(run_dir) -> dict | None:
+  """The finished run's result, or ``None`` (unfinished, or a damaged result that process 0 sets
+  aside as ``result.damaged``)."""
+  path = pathlib.Path(run_dir) / "result.json"
+  try:
+    return _read_json(path)
+  except DamagedFileError as e:
+    if is_primary():
+      warnings.warn(f"{e}; the run will be resumed from its checkpoint or restarted", stacklevel=2)
+      os.replace(path, path.with_suffix(".damaged"))
+    return None
+
+
+def _staged(config: RunConfig, cfg) -> ps.Staged:
+  w = config.moe_loss_weight
+  return ps.Staged(model_lib.stage_functions(cfg, config.stages, config.dtype),
+                   loss_of=lambda out, batch: model_lib.cross_entropy(out[0], batch[1]) + w * out[1])
+
+
+def pipeline_of(config: RunConfig, cfg, graphdef, params) -> ps.Pipeline:
+  """The emulated ``Pipeline`` of a config (``params``: arrays or shapes, for the stage labels)."""
+  loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
+  return ps.Pipeline(loss_fn, methods.stage_optimizers(config), model_lib.stage_labels(params, config.stages),
+                     mode=config.mode, staged=_staged(config, cfg) if config.mode == "no_stashing" else None,
+                     grad_norms=True, schedule=config.schedule)
+
+
+def build(config: RunConfig, ds: Dataset, devices=None):
+  """Returns (pipeline, initial state, graphdef, loss_fn) for a config: an emulated ``Pipeline``, or
+  with ``execution="devices"`` a ``DevicePipeline`` over ``devices`` (default: every local one)."""
+  cfg = config.model_config(ds.vocab_size)
+  graphdef, params = model_lib.init(cfg, seed=config.seed)
+  loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
+  if config.execution == "devices":
+    pipe = ps.DevicePipeline(_staged(config, cfg), methods.stage_optimizers(config),
+                             model_lib.stage_labels(params, config.stages), mode=config.mode,
+                             mesh=ps.pipeline_mesh(config.stages, devices), schedule=config.schedule)
+    example = ds.batch(config.seed, 0, config.batch_size, cfg.context)
+    return pipe, pipe.init(params, example), graphdef, loss_fn
+  pipe = pipeline_of(config, cfg, graphdef, params)
+  return pipe, pipe.init(params), graphdef, loss_fn
+
+
+def _advance(pipe, state, batches, step):
+  """One chunk: (state, indices of the steps that completed, their losses, their gradient norms).
+
+  The emulator completes the chunk's own steps; the device pipeline completes steps ``pipe.lag``
+  behind (``P - 1`` under 1F1B, one under 2BW; those still in flight finish in the next chunk or in
+  ``_drain``)."""
+  if isinstance(pipe, ps.DevicePipeline):
+    state, out = pipe.run(state, batches)
+    steps, losses, norms = (np.asarray(x) for x in out)
+    keep = steps >= 0
+    return state, steps[keep], losses[keep], norms[keep]
+  state, (losses, norms) = pipe.run(state, batches)
+  losses = np.asarray(losses)
+  return state, np.arange(step, step + len(losses)), losses, np.asarray(norms)
+
+
+def _drain(pipe, state):
+  """Completes the steps still in flight (device pipeline); the emulator has none."""
+  if isinstance(pipe, ps.DevicePipeline):
+    return pipe.finish(state)
+  return state, (np.zeros(0, int), np.zeros(0), np.zeros(0))
+
+
+def _params(pipe, state):
+  return pipe.params(state) if isinstance(pipe, ps.DevicePipeline) else state.params
+
+
+def _lag(pipe) -> int:
+  return pipe.lag if isinstance(pipe, ps.DevicePipeline) else 0
+
+
+def check_identity(run_dir: pathlib.Path, ident: dict) -> None:
+  """Raises if ``run_dir`` belongs to a run with another identity (config, data or vocabulary)."""
+  try:
+    saved = _read_json(run_dir / "identity.json")
+  except DamagedFileError:
+    saved = None  # rewritten below; the folder name already carries the identity's hash
+  if saved is None:
+    write_json(run_dir / "identity.json", ident)
+    return
+  if saved != ident:
+    keys = set(ident["config"]) | set(saved.get("config", {}))
+    diff = sorted(k for k in keys if saved.get("config", {}).get(k) != ident["config"].get(k))
+    diff += [k for k in ("data_sha256", "vocab_size", "model_revision") if saved.get(k) != ident.get(k)]
+    raise ValueError(f"{run_dir} holds a run with other settings ({', '.join(diff)} differ); "
+                     "use another --out or remove that folder")
+
+
+def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
+          jobs: int = 1) -> dict:
+  """Trains (or resumes, or just loads) one run; returns its result dict.
+
+  Every micro-batch is sharded along a ``data`` mesh axis over ``devices`` (default: every local
+  device) and the pipeline state is replicated (``pipeline_sim.sharding``); on one device nothing
+  changes. Results agree across device counts to float32 round-off (reduction order), not bitwise.
+
+  Args:
+    config: the run.
+    ds: the dataset.
+    run_dir: the run's folder (created); see ``run_name``.
+    progress: optional ``tqdm``-like bar (``reset``, ``update``, ``set_postfix``) advanced by steps.
+    devices: the devices of the data mesh (default ``jax.devices()``: every process's; the device
+      pipeline uses the local ones).
+    jobs: runs trained at once on this host, this one included (a sweep's ``--jobs``), recorded
+      in the result: above 1, its seconds include the others' load.
+  """
+  run_dir = pathlib.Path(run_dir)
+  config.validate()
+  if is_primary():
+    run_dir.mkdir(parents=True, exist_ok=True)
+  barrier(f"run folder {run_dir}")
+  mesh = ps.data_mesh(devices)
+  if config.execution == "devices":
+    count = jax.local_device_count() if devices is None else len(list(devices))
+  else:
+    count = mesh.size
+  ident = identity(config, ds.sha256, ds.vocab_size, count)
+  check_identity(run_dir, ident)
+  done = load_result(run_dir)
+  if done is not None:
+    return done
+  if config.batch_size % mesh.size:
+    raise ValueError(f"batch_size {config.batch_size} is not divisible by the {mesh.size} devices; "
+                     "choose a multiple (--batch-size)")
+  t0 = time.perf_counter()
+  pipe, state, graphdef, loss_fn = build(config, ds, devices)
+  on_devices = isinstance(pipe, ps.DevicePipeline)
+  if not on_devices:
+    state = ps.fsdp(state, mesh) if config.fsdp else ps.replicate(state, mesh)
+  jax.block_until_ready(state)
+  built = time.perf_counter() - t0
+  context = config.model_config(ds.vocab_size).context
+  valid = [ds.batch(10_000 + config.seed, j, config.batch_size, context, split="valid")
+           for j in range(config.eval_batches)]
+  valid = ps.shard_batches(jax.tree.map(lambda *xs: np.stack(xs), *valid), mesh)
+  mean_loss = jax.jit(lambda params, valid: jnp.mean(jax.lax.map(lambda b: loss_fn(params, b), valid)))
+
+  def evaluate(params):  # valid is an argument: it may span several hosts
+    t0 = time.perf_counter()
+    loss = float(mean_loss(params, valid))
+    timing["eval_seconds"] += time.perf_counter() - t0
+    return loss
+
+  def save(step):
+    t0 = time.perf_counter()
+    ckpt.save(step, state, losses, val_losses)
+    timing["checkpoint_seconds"] += time.perf_counter() - t0
+
+  lr_at = methods.schedule(config)
+
+  losses = np.full(config.steps, np.nan, np.float32)
+  val_losses = np.full(config.steps // config.eval_every + 1, np.nan, np.float32)
+  ckpt = _Checkpoints(run_dir / "checkpoints")
+  t0 = time.perf_counter()
+  restored = ckpt.restore(state, losses, val_losses)
+  restore_seconds = time.perf_counter() - t0
+  step, status = 0, "finished"
+  # Seconds of the chunks (compile_seconds: the first one's, with compilation) and, outside them,
+  # of building the state, evaluating and checkpointing (restoring included); summed over resumes.
+  timing = {"seconds": 0.0, "steady_seconds": 0.0, "steady_steps": 0, "compile_seconds": None,
+            "build_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
+  log = run_dir / "metrics.jsonl"
+  diag_log = run_dir / "diagnostics.jsonl"
+  if restored is None:
+    val_losses[0] = evaluate(_params(pipe, state))
+    if is_primary():
+      log.write_text("")
+      if config.diagnose_every:
+        diag_log.write_text("")
+  else:
+    step, state, losses, val_losses = restored
+    losses, val_losses = losses.copy(), val_losses.copy()
+    timing.update(_read_json(run_dir / "timing.json") or {})
+    _truncate_log(log, step - _lag(pipe))
+    _truncate_log(diag_log, step - 1)  # the window at ``step`` is logged again
+  timing["build_seconds"] += built
+  timing["checkpoint_seconds"] += restore_seconds
+  note = {} if restored is None else {"resumed at": step}
+  if progress is not None:
+    progress.reset(total=config.steps)
+    progress.update(step)
+    if note:
+      progress.set_postfix(note, refresh=True)
+  first_chunk = True
+
+  def log_steps(done, chunk_losses, grad_norms, seconds, val_loss=None):
+    losses[done] = chunk_losses
+    lrs = np.asarray(lr_at(done))
+    records = [{"step": int(j) + 1, "loss": float(x), "lr": float(r), "grad_norm": float(g),
+                "seconds": seconds} for j, x, r, g in zip(done, chunk_losses, lrs, grad_norms)]
+    if val_loss is not None and records:
+      records[-1]["val_loss"] = val_loss
+    if is_primary():
+      with open(log, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return bool(np.all(np.isfinite(chunk_losses)))
+
+  while step < config.steps:
+    if config.diagnose_every and step and step % config.diagnose_every == 0:
+      trial = ds.batches(config.seed, step, config.diagnose_steps, config.batch_size, context)
+      found = pipe.diagnose(state, ps.shard_batches(trial, mesh))
+      if is_primary():
+        with open(diag_log, "a") as f:
+          f.write(json.dumps({"step": step, "cosine": found["cosine"].mean(axis=0).tolist(),
+                              "gradient_cosine": found["gradient_cosine"].mean(axis=0).tolist(),
+                              "flip_rate": found["flip_rate"].tolist()}) + "\n")
+    batches = ds.batches(config.seed, step, config.chunk, config.batch_size, context)
+    if not on_devices:
+      batches = ps.shard_batches(batches, mesh)
+    t0 = time.perf_counter()
+    try:
+      state, done, chunk_losses, grad_norms = _advance(pipe, state, batches, step)
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      raise OutOfMemory(out_of_memory(config, run_dir.name, e)) from None
+    elapsed = time.perf_counter() - t0
+    timing["seconds"] += elapsed
+    if first_chunk:  # includes compilation: kept out of the steady-state rate
+      timing["compile_seconds"] = timing["compile_seconds"] or elapsed
+      first_chunk = False
+    else:
+      timing["steady_seconds"] += elapsed
+      timing["steady_steps"] += config.chunk
+    step += config.chunk
+    finite = bool(np.all(np.isfinite(chunk_losses)))
+    # On devices the last evaluation waits for the drain (every stage at every update).
+    val_loss = None
+    if finite and step % config.eval_every == 0 and not (on_devices and step == config.steps):
+      val_loss = val_losses[step // config.eval_every] = evaluate(_params(pipe, state))
+    log_steps(done, chunk_losses, grad_norms, elapsed / config.chunk, val_loss)
+    if progress is not None:
+      progress.set_postfix({**note, "loss": f"{np.mean(chunk_losses):.3f}" if len(done) else "-"},
+                           refresh=False)
+      progress.update(config.chunk)
+    if not finite:
+      status = "diverged"
+      break
+    if step % config.checkpoint_every == 0 and step < config.steps:
+      save(step)
+      write_json(run_dir / "timing.json", timing)
+  if status == "finished":
+    state, (done, tail_losses, tail_norms) = _drain(pipe, state)
+    val_loss = None
+    if on_devices and config.steps % config.eval_every == 0 and np.all(np.isfinite(tail_losses)):
+      val_loss = val_losses[-1] = evaluate(_params(pipe, state))
+    if not log_steps(done, tail_losses, tail_norms, 0.0, val_loss):
+      status = "diverged"
+  if status == "finished":
+    save(step)  # the trained state, for diagnostics
+  steady = timing["steady_steps"] / timing["steady_seconds"] if timing["steady_seconds"] else None
+  result = {
+      "name": run_dir.name, "config": dataclasses.asdict(config), "identity": ident,
+      "status": status, "steps_done": int(step), "losses": [float(x) for x in losses],
+      "val_steps": [i * config.eval_every for i in range(len(val_losses))],
+      "val_losses": [float(x) for x in val_losses],
+      "seconds": timing["seconds"], "compile_seconds": timing["compile_seconds"],
+      "steps_per_second": steady, "jobs": jobs,
+      "overhead_seconds": {k: timing[f"{k}_seconds"] for k in ("build", "eval", "checkpoint")},
+      "buffer_bytes": pipe.buffer_bytes(state),
+      "num_params": model_lib.count_params(_params(pipe, state)),
+      "data": {"name": ds.name, "sha256": ds.sha256, "tokens": ds.num_tokens,
+               "vocab_size": ds.vocab_size},
+      "versions": provenance.versions(), "devices": mesh.size,
+  }
+  if config.diagnose_every:
+    result["diagnostics"] = [json.loads(line) for line in diag_log.read_text().splitlines()]
+  write_json(run_dir / "result.json", result)
+  return result
+
+
+def _truncate_log(log: pathlib.Path, step: int) -> None:
+  """Drops lines past ``step`` (written after the checkpoint a run resumes from)."""
+  if not log.exists() or not is_primary():
+    return
+  keep = []
+  for line in log.read_text().splitlines():
+    try:
+      if json.loads(line)["step"] <= step:
+        keep.append(line)
+    except (json.JSONDecodeError, KeyError):
+      break
+  log.write_text("".join(x + "\n" for x in keep))
+
+
+def restore_state(config: RunConfig, ds: Dataset, run_dir):
+  """(pipeline, trained pipeline state, loss_fn) of a run, from its last checkpoint."""
+  run_dir = pathlib.Path(run_dir)
+  saved = _read_json(run_dir / "identity.json") or {}
+  check_identity(run_dir, identity(config, ds.sha256, ds.vocab_size, saved.get("devices", 1)))
+  if config.execution != "emulated":
+    raise ValueError(f"{run_dir} ran with execution {config.execution!r}; only emulated runs can be restored")
+  pipe, state, _, loss_fn = build(config, ds)
+  losses = np.zeros(config.steps, np.float32)
+  val = np.zeros(config.steps // config.eval_every + 1, np.float32)
+  restored = _Checkpoints(run_dir / "checkpoints").restore(state, losses, val, read_only=True)
+  if restored is None:
+    raise FileNotFoundError(f"no readable checkpoint under {str(run_dir)!r}")
+  return pipe, restored[1], loss_fn
