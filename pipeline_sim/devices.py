@@ -169,7 +169,7 @@ class DevicePipeline:
   Data parallelism: each of the D devices of a stage runs the stage functions on its contiguous
   1/D of the micro-batch, and losses and gradients are averaged over them. A loss that is a mean
   over the batch is then the global batch's; a loss with a *product* of batch means (the MoE
-  load-balancing loss of ``experiments.model``) is computed per shard, so the run equals the
+  load-balancing loss of ``experiments.harness.model``) is computed per shard, so the run equals the
   emulator's with the mean of the D shards' losses, not with the global batch's loss.
 
   Example::

@@ -7,7 +7,7 @@ runs exactly this): one optimizer means P copies of it, each over its stage's le
 per-stage learning rates, momenta or refresh periods. ``merged=True`` instead runs one optimizer
 once over every stage's leaves with one state (modes ``weight_stashing`` and ``no_stashing``,
 where every stage updates at every step): one update and one compiled refresh per same-shape group
-of basis rotation instead of P (``experiments.bench_pipeline``). It computes the same numbers as
+of basis rotation instead of P (``experiments.bench.pipeline``). It computes the same numbers as
 the P copies for transformations that treat leaves independently (Adam, basis rotation without
 ``stagger``), but a global-norm clip or ``stagger`` then spans every stage, which no real pipeline
 can do. One step ``i`` per micro-batch:

@@ -4,7 +4,7 @@ On the CPU backend JAX's QR, eigh and SVD (basis rotation's refreshes) call LAPA
 ``cython_lapack``, i.e. the OpenBLAS that SciPy ships. OpenBLAS's own worker threads then compete
 with XLA's threads for the same cores: a whole training step of rotation over AdamW's measured
 1.37x-1.42x with OpenBLAS's default threads against 1.16x-1.23x with one thread (2-core machine;
-``python -m experiments.bench_threads``).
+``python -m experiments.bench.threads``).
 
 So the first time a rotation state is initialised on the CPU backend, ``limit_lapack_threads`` sets
 *that* OpenBLAS (the libraries shipped inside the ``scipy`` distribution, found with threadpoolctl)
