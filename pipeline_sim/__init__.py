@@ -27,12 +27,12 @@ from pipeline_sim.devices import (
     pipeline_mesh,
 )
 from pipeline_sim.driver import MODES, Pipeline, PipelineState
-from pipeline_sim.gradients import Staged, no_stashing_value_and_grad
+from pipeline_sim.gradients import OtherStageError, Staged, no_stashing_value_and_grad
 from pipeline_sim.sharding import data_mesh, fsdp, replicate, shard_batches
 
 __all__ = [
     "DEVICE_MODES", "SCHEDULES", "DevicePipeline", "DevicePipelineState", "MODES", "Pipeline",
-    "PipelineState", "TwoVersions",
+    "OtherStageError", "PipelineState", "TwoVersions",
     "Staged", "check_labels", "data_mesh", "fsdp", "leaf_delays", "merge_stages", "nesterov",
     "nesterov_stage_b1", "no_stashing_value_and_grad", "num_stages_of", "per_stage", "pipedream",
     "pipedream_lr", "pipeline_mesh", "pipemare_lr_schedule", "replicate", "scale_by_nadam_torch",

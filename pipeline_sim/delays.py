@@ -88,7 +88,7 @@ def merge_stages(parts, labels):
   return treedef.unflatten([flats[l][i] for i, l in enumerate(flat_labels)])
 
 
-def leaf_delays(labels, num_stages: int):
-  """Per-leaf delay ``tau`` of the leaf's stage."""
-  delays = stage_delays(num_stages)
+def leaf_delays(labels, num_stages: int, schedule: str = "1f1b"):
+  """Per-leaf delay ``tau`` of the leaf's stage under ``schedule`` (``stage_delays``)."""
+  delays = stage_delays(num_stages, schedule)
   return jax.tree.map(lambda l: delays[l], labels)

@@ -58,6 +58,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pipeline_sim import buffers as rb
+from pipeline_sim.buffers import Consuming
 from pipeline_sim.delays import (
   check_labels,
   merge_stages,
@@ -90,16 +91,29 @@ class _Layout:
   """Where each leaf of a pytree lives in per-dtype flat vectors (static)."""
 
   treedef: Any
-  leaves: tuple  # (dtype name, offset, shape) per leaf
+  leaves: tuple  # (dtype name, offset, shape, PRNG impl or None) per leaf
   sizes: dict  # dtype name -> elements
 
 
+def _key_impl(x):
+  """The PRNG implementation of a typed key array or shape (``None`` for any other leaf)."""
+  if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    return None
+  found = []
+  jax.eval_shape(lambda k: found.append(jax.random.key_impl(k)), x)
+  return found[0]
+
+
 def _layout(tree) -> _Layout:
+  """A typed PRNG key (``optax.add_noise``'s state) is stored as its key data (uint32)."""
   leaves, treedef = jax.tree.flatten(tree)
   sizes, specs = {}, []
   for x in leaves:
+    impl = _key_impl(x)
+    if impl is not None:
+      x = jax.eval_shape(jax.random.key_data, x)
     d = jnp.dtype(x.dtype).name
-    specs.append((d, sizes.get(d, 0), tuple(x.shape)))
+    specs.append((d, sizes.get(d, 0), tuple(x.shape), impl))
     sizes[d] = sizes.get(d, 0) + int(np.prod(x.shape, dtype=int))
   return _Layout(treedef, tuple(specs), sizes)
 
@@ -107,8 +121,8 @@ def _layout(tree) -> _Layout:
 def _pack(tree, layout: _Layout, widths: dict) -> dict:
   """``tree`` as one zero-padded flat vector per dtype of ``widths``."""
   parts = {d: [] for d in widths}
-  for x, (d, _, _) in zip(layout.treedef.flatten_up_to(tree), layout.leaves):
-    parts[d].append(jnp.ravel(x).astype(d))
+  for x, (d, _, _, impl) in zip(layout.treedef.flatten_up_to(tree), layout.leaves):
+    parts[d].append(jnp.ravel(jax.random.key_data(x) if impl is not None else x).astype(d))
   out = {}
   for d, w in widths.items():
     flat = jnp.concatenate(parts[d]) if parts[d] else jnp.zeros((0,), d)
@@ -117,7 +131,9 @@ def _pack(tree, layout: _Layout, widths: dict) -> dict:
 
 
 def _unpack(flat: dict, layout: _Layout):
-  leaves = [flat[d][o:o + int(np.prod(s, dtype=int))].reshape(s) for d, o, s in layout.leaves]
+  leaves = [flat[d][o:o + int(np.prod(s, dtype=int))].reshape(s) for d, o, s, _ in layout.leaves]
+  leaves = [x if impl is None else jax.random.wrap_key_data(x, impl=impl)
+            for x, (_, _, _, impl) in zip(leaves, layout.leaves)]
   return layout.treedef.unflatten(leaves)
 
 
@@ -212,7 +228,7 @@ class DevicePipeline:
     self.schedule, self.micro_batches = schedule, micro_batches
     self._in_flight = stage_delays(num_stages)  # 1F1B over micro-batches: stage k's ring of inputs
     self.lag = -(-(num_stages - 1) // micro_batches)  # batches in flight after a call
-    self._run = jax.jit(self._run_impl, donate_argnums=0)
+    self._run = Consuming(self._run_impl, "DevicePipeline.run/finish")
 
   # ---- set-up ----------------------------------------------------------------------------------
 
@@ -250,6 +266,8 @@ class DevicePipeline:
       if x.shape[0] % (n_data * per):
         raise ValueError(f"batch size {x.shape[0]} is not divisible by the {n_data} devices of the "
                          f"{DATA!r} axis" + (f" times {per} micro-batches" if per > 1 else ""))
+    # what ``finish`` drains with before any ``run`` of this object (a resumed pipeline): one batch
+    self._template = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1, *x.shape), x.dtype), example_batch)
     example_batch = jax.tree.map(lambda x: x[:x.shape[0] // per], example_batch)  # one micro-batch
     parts = split_stages(params, self.labels, self.num_stages)
     shapes = [jax.eval_shape(lambda p, k=k: self._stage_carry(k, p), part) for k, part in enumerate(parts)]
@@ -259,7 +277,7 @@ class DevicePipeline:
     self._widths, self._grad_widths = _widths(self._layouts), _widths(self._grad_layouts)
     local_batch = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct((x.shape[0] // n_data, *x.shape[1:]), x.dtype), example_batch)
-    act = jax.eval_shape(self.staged.stage_fns[0], parts[0], self.staged.inputs_of(local_batch))
+    act = jax.eval_shape(self.staged.stage(0), parts[0], self.staged.inputs_of(local_batch))
     self._act = act
     self._message = (act, local_batch)
     pk, pd = self.num_stages, n_data
@@ -321,7 +339,7 @@ class DevicePipeline:
           out = zeros(self._message)
         else:
           x = staged.inputs_of(message[1]) if k == 0 else message[0]
-          out = (staged.stage_fns[k](self._weights(k, params, stash, m, start, True), x), message[1])
+          out = (staged.stage(k)(self._weights(k, params, stash, m, start, True), x), message[1])
         return carry, inbox, out, zeros(self._act), no_grads(), no_loss()
       return branch
 
@@ -330,7 +348,7 @@ class DevicePipeline:
         params, _, stash = _unpack(carry, self._layouts[k])
         act, mb = rb.ring_read(inbox, m % (self._in_flight[k] + 1))
         weights = self._weights(k, params, stash, m, start, False)
-        f = staged.stage_fns[k]
+        f = staged.stage(k)
         x = staged.inputs_of(mb) if k == 0 else act
         if k == pk - 1:
           fn = lambda w, x: staged.loss_of(f(w, x), mb)
@@ -479,7 +497,8 @@ class DevicePipeline:
       Entries that completed no batch (the pipeline fill, at the start and after ``finish``, whose
       batches ``finish`` already returned) have index -1 and NaN: keep ``steps >= 0``.
 
-    Like ``Pipeline.run``, this consumes ``state`` (its buffers are donated): use the one returned.
+    Like ``Pipeline.run``, this consumes ``state`` (its buffers are donated): use the one returned
+    (a consumed one is refused by name).
     """
     self._template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batches)
     return self._call(state, batches, True)
@@ -494,7 +513,12 @@ class DevicePipeline:
     """Flushes the pipeline: the ``2(P - 1)`` phases in which stage 0 takes no input and the
     micro-batches in flight complete. Returns ``(state, (steps, losses, grad_norms))`` of the
     batches they complete (NumPy). Every stage has then applied every batch; a later ``run`` starts
-    a new fill, as a synchronous pipeline does after its flush (PipeDream-Flush, GPipe)."""
+    a new fill, as a synchronous pipeline does after its flush (PipeDream-Flush, GPipe). It needs
+    ``init`` (or ``run``) of this object first, not a ``run``: a pipeline resumed from a checkpoint
+    (``init``, then the restored state) can finish at once."""
+    if not hasattr(self, "_layouts"):
+      raise ValueError("DevicePipeline.finish needs init(params, example_batch) of this pipeline first "
+                       "(it fixes the layout of the state)")
     fed = int(state.fed)
     if self.lag == 0 or fed == int(state.start):  # nothing in flight
       return state, (np.zeros(0, np.int32), np.zeros(0), np.zeros(0))

@@ -80,7 +80,8 @@ class Pipeline:
       gradient FIFO at the current weights would apply batch t's gradient at update t + 1).
 
   ``run(state, batches)`` is jit-compiled and *consumes* ``state`` (its buffers are donated, so that
-  the pipeline is updated in place): use the state it returns, never the one passed in.
+  the pipeline is updated in place): use the state it returns, never the one passed in (a consumed
+  one is refused with a ``ValueError``).
   """
 
   def __init__(self, loss_fn: Callable | None,
@@ -112,7 +113,7 @@ class Pipeline:
     self.merged = merged
     self.loss_fn, self.labels, self.num_stages = loss_fn, labels, num_stages
     self.mode, self.staged, self.grad_norms = mode, staged, grad_norms
-    self.run = jax.jit(self._run, donate_argnums=0)
+    self.run = rb.Consuming(self._run, "Pipeline.run")
     self._init = jax.jit(self._init_impl)
     self._diagnose = jax.jit(self._diagnose_impl)
 
@@ -181,8 +182,9 @@ class Pipeline:
         the second moment's own change with g enters too);
       ``flip_rate`` (P,): per stage, the fraction of consecutive steps whose applied update changes
         sign along the top eigenvectors of its matrices' gradient statistics ``L = sum_t G G^T``,
-        ``R = sum_t G^T G`` over the window (``u1^T dW v1``; the mean over the stage's 2-D leaves;
-        NaN for a stage without one): oscillation along the sharpest direction.
+        ``R = sum_t G^T G`` over the window (``u1^T dW v1``; the mean over the stage's matrices, a
+        leaf of more than two axes counting as a stack of matrices over its last two, as scanned
+        layers are; NaN for a stage without one): oscillation along the sharpest direction.
     """
     if self.mode == "stale_gradients":
       raise ValueError("diagnose supports modes 'weight_stashing' and 'no_stashing'")
@@ -205,16 +207,18 @@ class Pipeline:
       gcos = jnp.stack([cosine(a, b) for a, b in zip(own(u_stale), own(u_fresh))])
       new, _ = self.step(st, batch)
       delta = jax.tree.map(jnp.subtract, new.params, st.params)
-      return new, (cos, gcos, [x for x in jax.tree.leaves(delta) if x.ndim == 2],
-                   [x for x in jax.tree.leaves(merge_stages(fresh, self.labels)) if x.ndim == 2])
+      return new, (cos, gcos, [x for x in jax.tree.leaves(delta) if x.ndim >= 2],
+                   [x for x in jax.tree.leaves(merge_stages(fresh, self.labels)) if x.ndim >= 2])
 
     _, (cos, gcos, deltas, grads) = jax.lax.scan(one, state, batches)
-    stage_of = [k for k, x in zip(jax.tree.leaves(self.labels), jax.tree.leaves(state.params)) if x.ndim == 2]
+    stage_of = [k for k, x in zip(jax.tree.leaves(self.labels), jax.tree.leaves(state.params)) if x.ndim >= 2]
     flips = []
-    for d, g in zip(deltas, grads):  # (steps, m, n) each
-      _, u = jnp.linalg.eigh(jnp.einsum("tij,tkj->ik", g, g))
-      _, v = jnp.linalg.eigh(jnp.einsum("tji,tjk->ik", g, g))
-      c = jnp.einsum("i,tij,j->t", u[:, -1], d, v[:, -1])
+    for d, g in zip(deltas, grads):  # (steps, *stack, m, n) each
+      # a leaf of more axes is a stack of matrices over its last two: one flip rate per matrix
+      d, g = (x.reshape(x.shape[0], -1, *x.shape[-2:]) for x in (d, g))
+      _, u = jnp.linalg.eigh(jnp.einsum("tbij,tbkj->bik", g, g))
+      _, v = jnp.linalg.eigh(jnp.einsum("tbji,tbjk->bik", g, g))
+      c = jnp.einsum("bi,tbij,bj->tb", u[..., -1], d, v[..., -1])
       flips.append(jnp.mean(jnp.sign(c[1:]) != jnp.sign(c[:-1])))
     rate = jnp.stack([jnp.mean(jnp.stack([f for f, k in zip(flips, stage_of) if k == s]))
                       if s in stage_of else jnp.nan for s in range(self.num_stages)])

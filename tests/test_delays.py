@@ -23,6 +23,11 @@ def test_split_merge_roundtrip_and_leaf_delays():
   for x, y in zip([merged["a"], *merged["b"]], [tree["a"], *tree["b"]]):
     np.testing.assert_array_equal(x, y)
   assert ps.leaf_delays(labels, 2) == {"a": 1, "b": [0, 1]}
+  three = {"a": 0, "b": [1, 2]}
+  assert ps.leaf_delays(three, 3, "2bw") == {"a": 1, "b": [1, 1]}  # every stage one update behind
+  assert ps.leaf_delays(three, 3, "1f1b") == {"a": 2, "b": [1, 0]}
+  with pytest.raises(ValueError, match="unknown pipeline schedule"):
+    ps.leaf_delays(three, 3, "gpipe")
 
 
 def test_ring_buffer_versions():

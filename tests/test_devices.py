@@ -170,6 +170,41 @@ for make in (lambda: ps.pipeline_mesh(3, jax.devices()[:4]),
   except ValueError as e:
     errors.append(str(e))
 got["errors"] = errors
+
+# A typed PRNG key in an optimizer state (optax.add_noise): packed as its key data, the same noise.
+params, labels, staged = model(2)
+mesh2 = ps.pipeline_mesh(2, jax.devices()[:2])
+noisy = optax.chain(optax.add_noise(0.01, 0.55, 0), optax.adam(3e-2))
+emu = ps.Pipeline(None, noisy, labels, staged=staged)
+st, l_emu = emu.run(emu.init(params), (xs, ys))
+pipe = ps.DevicePipeline(staged, noisy, labels, mesh=mesh2)
+state, _, losses, _ = device_run(pipe, params)
+final = pipe.params(state)
+quiet = ps.Pipeline(None, optax.adam(3e-2), labels, staged=staged)
+without = quiet.run(quiet.init(params), (xs, ys))[0].params
+got["noise"] = {"loss": float(np.max(np.abs(np.array(losses) - np.asarray(l_emu)))),
+                "params": max(float(jnp.max(jnp.abs(final[k] - st.params[k]))) for k in params),
+                "vs_no_noise": max(float(jnp.max(jnp.abs(final[k] - without[k]))) for k in params)}
+
+# A pipeline resumed from a saved state (a new object: init, then the restored arrays) can finish at
+# once, and equals the original's finish; a consumed state is refused by name.
+pipe = ps.DevicePipeline(staged, optax.adam(3e-2), labels, mesh=mesh2)
+state, _ = pipe.run(pipe.init(params, (xs[0], ys[0])), (xs[:CHUNK], ys[:CHUNK]))
+saved = jax.tree.map(np.asarray, state)
+state, first = pipe.finish(state)
+again = ps.DevicePipeline(staged, optax.adam(3e-2), labels, mesh=mesh2)
+template = again.init(params, (xs[0], ys[0]))
+restored = jax.tree.map(lambda t, x: jax.device_put(x, t.sharding), template, saved)
+done, second = again.finish(restored)
+try:
+  again.run(restored, (xs[:CHUNK], ys[:CHUNK]))
+  consumed = ""
+except ValueError as e:
+  consumed = str(e)
+got["resumed"] = {"steps": [list(map(int, first[0])), list(map(int, second[0]))],
+                  "loss": float(np.max(np.abs(first[1] - second[1]))),
+                  "params": max(float(jnp.max(jnp.abs(pipe.params(state)[k] - again.params(done)[k])))
+                                for k in params), "consumed": consumed}
 print(json.dumps(got))
 """
 
@@ -275,3 +310,17 @@ def test_2bw_keeps_two_versions_and_moves_m_micro_batches_per_batch(got):
     assert r["stash"] == [2 * 30 * 8] * len(r["stash"]), (name, r)
     assert r["buffer_bytes"] == r["emulator_buffer_bytes"], (name, r)
     assert r["moved_per_micro_batch"] == micro * r["live_bytes"] * n_data, (name, r)
+
+
+def test_a_typed_prng_key_in_the_optimizer_state_travels_with_the_stage(got):
+  # optax.add_noise keeps a typed key: the device pipeline packs its key data and draws the
+  # emulator's noise (and the noise is really there: the run differs from Adam without it)
+  assert got["noise"]["loss"] < 1e-12 and got["noise"]["params"] < 1e-12, got["noise"]
+  assert got["noise"]["vs_no_noise"] > 1e-4, got["noise"]
+
+
+def test_a_resumed_pipeline_finishes_without_a_run_and_refuses_a_consumed_state(got):
+  r = got["resumed"]
+  assert r["steps"][0] == r["steps"][1] == [3]  # P = 2 after a chunk of 4: batch 3 in flight
+  assert r["loss"] == 0.0 and r["params"] == 0.0, r
+  assert "DevicePipeline.run/finish: this state was consumed by an earlier call" in r["consumed"]

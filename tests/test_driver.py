@@ -463,6 +463,31 @@ def test_update_diagnostics_against_a_replay_of_the_weight_history():
     ps.Pipeline(loss_fn, optax.sgd(0.1), labels, "stale_gradients").diagnose(state, (xs[:2], ys[:2]))
 
 
+def test_the_flip_rate_counts_a_stacked_leaf_as_its_matrices():
+  """A scanned stack (one (L, m, n) leaf) gives the flip rate of the same L matrices held as L
+  2-D leaves: the mean of their per-matrix rates (not NaN: it is not left out)."""
+  rng = np.random.default_rng(5)
+  mats = [jnp.asarray(rng.normal(size=(4, 4)) * 0.8, jnp.float32) for _ in range(3)]
+  xs = jnp.asarray(rng.normal(size=(8, 8, 4)), jnp.float32)
+  ys = jnp.asarray(rng.normal(size=(8, 8, 4)), jnp.float32)
+
+  def loss_of(stack, last, batch):
+    h = batch[0]
+    for w in stack:
+      h = jnp.tanh(h @ w)
+    return jnp.mean((h @ last - batch[1]) ** 2)
+
+  flips = {}
+  for layout, params in (("stacked", {"s": jnp.stack(mats[:2]), "w": mats[2]}),
+                         ("separate", {"s": mats[:2], "w": mats[2]})):
+    labels = {"s": 0 if layout == "stacked" else [0, 0], "w": 1}
+    pipe = ps.Pipeline(lambda p, b: loss_of(p["s"], p["w"], b), optax.sgd(0.3), labels)
+    state, _ = pipe.run(pipe.init(params), (xs[:2], ys[:2]))
+    flips[layout] = pipe.diagnose(state, (xs[2:], ys[2:]))["flip_rate"]
+  assert np.all(np.isfinite(flips["stacked"]))
+  np.testing.assert_allclose(flips["stacked"], flips["separate"], atol=1e-6)
+
+
 def test_the_gradient_cosine_leaves_the_shared_momentum_out():
   """Momentum SGD: the whole updates share ``0.9 m``, so their cosine is near 1 whatever the
   delay; the gradient's own part ``u(g) - u(0) = -lr g`` has the cosine of the stale and fresh
@@ -488,3 +513,57 @@ def test_the_gradient_cosine_leaves_the_shared_momentum_out():
   np.testing.assert_allclose(got["gradient_cosine"], np.array(want), atol=1e-4)
   # the stale stages' whole updates share the momentum: their cosine is closer to 1
   assert np.mean(got["cosine"][:, :-1]) > np.mean(got["gradient_cosine"][:, :-1])
+
+
+def test_a_stage_reading_another_stages_leaf_is_named_with_the_leaf():
+  """Stage 0 reads stage 1's leaf: one ``OtherStageError`` naming stage and leaf (for a Flax NNX
+  module built from that leaf too), where the ``None`` would fail deep in the model's code; a
+  correct model is unaffected, and another failure keeps its own error."""
+  from flax import nnx
+
+  class Lin(nnx.Module):
+    def __init__(self, rngs):
+      self.w = nnx.Param(jax.random.normal(rngs.params(), (3, 3)))
+
+    def __call__(self, x):
+      return x @ self.w[...]
+
+  graphdef, state = nnx.split(Lin(nnx.Rngs(0)))
+  params = {"a": {"w": jnp.eye(3)}, "b": nnx.to_pure_dict(state)}
+  labels = {"a": {"w": 0}, "b": {"w": 1}}
+
+  def module(d):
+    st = nnx.state(nnx.eval_shape(lambda: Lin(nnx.Rngs(0))))
+    nnx.replace_by_pure_dict(st, d)
+    return nnx.merge(graphdef, st)
+
+  batches = (jnp.ones((2, 4, 3)), jnp.ones((2, 4, 3)))
+  loss_of = lambda out, b: jnp.mean((out - b[1]) ** 2)
+  wrong = [[lambda p, h: h @ p["a"]["w"] @ p["b"]["w"], lambda p, h: h @ p["b"]["w"]],
+           [lambda p, h: module(p["b"])(h), lambda p, h: module(p["b"])(h)]]
+  for fns in wrong:
+    for mode in ("weight_stashing", "no_stashing"):
+      pipe = ps.Pipeline(None, optax.sgd(0.1), labels, mode=mode, staged=ps.Staged(fns, loss_of))
+      with pytest.raises(ps.OtherStageError, match=r"stage 0's function reads parameter leaf \['b'\]\['w'\]"):
+        pipe.run(pipe.init(params), batches)
+  right = ps.Staged([lambda p, h: h @ p["a"]["w"], lambda p, h: module(p["b"])(h)], loss_of)
+  pipe = ps.Pipeline(None, optax.sgd(0.1), labels, mode="no_stashing", staged=right)
+  _, losses = pipe.run(pipe.init(params), batches)
+  whole = lambda p, b: loss_of(module(p["b"])(b[0] @ p["a"]["w"]), b)
+  assert float(losses[0]) == pytest.approx(float(whole(params, (batches[0][0], batches[1][0]))), rel=1e-6)
+  other = ps.Staged([lambda p, h: h @ p["a"]["w"][:, :2], lambda p, h: module(p["b"])(h)], loss_of)
+  pipe = ps.Pipeline(None, optax.sgd(0.1), labels, staged=other)
+  with pytest.raises(TypeError, match="dot_general requires contracting dimensions"):
+    pipe.run(pipe.init(params), batches)
+
+
+def test_a_consumed_state_is_refused_by_name():
+  params, labels, loss_fn, xs, ys = tanh_layers(2, 4, seed=0)
+  pipe = ps.Pipeline(loss_fn, optax.adam(1e-2), labels)
+  state = pipe.init(params)
+  new, _ = pipe.run(state, (xs[:2], ys[:2]))
+  with pytest.raises(ValueError, match="Pipeline.run: this state was consumed by an earlier call"):
+    pipe.run(state, (xs[2:], ys[2:]))
+  _, losses = pipe.run(new, (xs[2:], ys[2:]))  # the returned state is live
+  assert np.all(np.isfinite(np.asarray(losses)))
+  assert pipe.run._cache_size() == 1
