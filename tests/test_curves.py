@@ -5,6 +5,7 @@ import gzip
 import json
 
 import numpy as np
+import pytest
 
 from experiments.report import curves
 
@@ -47,3 +48,28 @@ def test_an_older_gzip_study_still_reads_and_the_file_is_byte_identical_per_cont
   curves.write(tmp_path / "b.xz", data["meta"], data["runs"])
   assert (tmp_path / "a.xz").read_bytes() == (tmp_path / "b.xz").read_bytes()
   assert curves.read(tmp_path / "a.xz")["runs"][0]["losses"] == [2.0, 1.5]
+
+
+def test_a_damaged_curves_file_is_one_line_and_status_2(tmp_path):
+  """Truncated, foreign, or without runs: one ``error:`` line naming the file, exit status 2 (as
+  every other bad input), not a traceback."""
+  import lzma
+  import subprocess
+  import sys
+
+  good = lzma.compress(json.dumps({"meta": {}, "runs": []}).encode())
+  cases = {"truncated": good[:len(good) // 2], "foreign": b"not a curves file at all",
+           "no-runs": lzma.compress(json.dumps({"meta": {}}).encode()),
+           "bad-run": lzma.compress(json.dumps({"meta": {}, "runs": [{"name": "r"}]}).encode())}
+  for name, raw in cases.items():
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / curves.FILE).write_bytes(raw)
+    with pytest.raises(ValueError, match=f"is not a readable curves file.*{curves.FILE}"):
+      curves.read(folder)
+  out = subprocess.run([sys.executable, "-m", "experiments.report", str(tmp_path / "truncated")],
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2, out.stderr
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), lines
+  assert "not a readable curves file" in lines[0], lines

@@ -212,6 +212,31 @@ def test_the_code_identity_is_a_hash_of_the_source_files():
   assert provenance.changed_files(edited) == ["rotation/transform.py"]
 
 
+def test_only_the_numbers_code_is_the_code_identity(tmp_path):
+  """A copy of the project: editing a report, plot, study, sweep or benchmark module leaves the
+  code identity (and so a checkpoint's resumption) alone; editing the model, the methods or a
+  library changes it."""
+  import shutil
+  root = pathlib.Path(provenance.__file__).resolve().parents[2]
+  for package in ("rotation", "pipeline_sim", "experiments"):
+    shutil.copytree(root / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+  before = provenance.source_hash(provenance.source_files(tmp_path))
+  assert before == provenance.code_version()["source"]  # the copy is this code
+  for module in ("report/plots.py", "report/sections.py", "studies/horizon.py", "sweep/executor.py",
+                 "bench/optimizer.py", "cli.py"):
+    with open(tmp_path / "experiments" / module, "a") as f:
+      f.write("\n# an edit\n")
+    assert provenance.source_hash(provenance.source_files(tmp_path)) == before, module
+  for module in ("experiments/harness/model.py", "experiments/harness/methods.py", "experiments/__init__.py",
+                 "rotation/transform.py", "pipeline_sim/driver.py"):
+    target = tmp_path / module
+    original = target.read_text()
+    target.write_text(original + "\n# an edit\n")
+    assert provenance.source_hash(provenance.source_files(tmp_path)) != before, module
+    target.write_text(original)
+  assert provenance.source_hash(provenance.source_files(tmp_path)) == before
+
+
 def test_a_packed_checkpoint_is_never_restored_into_another_layout(tmp_path):
   ckpt = checkpoints._Checkpoints(tmp_path / "checkpoints")
   losses, val = np.zeros(4, np.float32), np.zeros(2, np.float32)

@@ -20,10 +20,10 @@ import jax
 SOURCE_PACKAGES = ("rotation", "pipeline_sim", "experiments/harness", "experiments/__init__.py")
 
 
-def source_files() -> dict:
-  """``{relative path: sha256}`` of every Python file of the packages a run's numbers depend on, as
-  they are on disk now (a pip install's site-packages or a checkout, edited or not)."""
-  root = pathlib.Path(__file__).resolve().parents[2]
+def source_files(root: pathlib.Path | None = None) -> dict:
+  """``{relative path: sha256}`` of every Python file of the packages a run's numbers depend on
+  (``SOURCE_PACKAGES``), as they are on disk now in ``root`` (default: this checkout or install)."""
+  root = pathlib.Path(__file__).resolve().parents[2] if root is None else pathlib.Path(root)
   return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
           for package in SOURCE_PACKAGES
           for f in ([root / package] if package.endswith(".py") else sorted((root / package).rglob("*.py")))}

@@ -76,13 +76,19 @@ def read(path: pathlib.Path) -> dict:
     raise FileNotFoundError(f"{str(path)!r} does not exist: give a folder holding {FILE} (a sweep's "
                             "--out or a docs/results folder) or the file itself")
   raw = path.read_bytes()
-  data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else lzma.decompress(raw))
-  for r in data["runs"]:
-    for key in ("losses", "val_losses"):
-      r[key] = [float("inf") if v is None else v for v in r[key]]
-    every = r.pop("loss_every", 1)
-    if every > 1:
-      r["losses"] = np.repeat(r["losses"], every)[:r.pop("num_losses")].tolist()
+  try:
+    data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else lzma.decompress(raw))
+    for r in data["runs"]:
+      for key in ("losses", "val_losses"):
+        r[key] = [float("inf") if v is None else v for v in r[key]]
+      every = r.pop("loss_every", 1)
+      if every > 1:
+        r["losses"] = np.repeat(r["losses"], every)[:r.pop("num_losses")].tolist()
+  except (lzma.LZMAError, OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as e:
+    # (a truncated or foreign file, or JSON without the runs: gzip raises OSError/EOFError, JSON
+    # ValueError, a missing field KeyError)
+    raise ValueError(f"{str(path)!r} is not a readable curves file ({type(e).__name__}: {e}); "
+                     f"rewrite it from its runs (a sweep writes {FILE} into its --out folder)") from e
   return data
 
 
