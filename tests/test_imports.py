@@ -59,3 +59,13 @@ def test_no_import_cycle_among_the_projects_modules():
 def test_the_cycle_finder_finds_a_cycle():
   assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
   assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_experiments_is_grouped_by_role_and_no_module_is_over_600_lines():
+  roles = {p.name for p in (ROOT / "experiments").iterdir() if p.is_dir() and p.name != "__pycache__"}
+  assert roles == {"harness", "sweep", "report", "studies", "bench"}
+  loose = sorted(p.name for p in (ROOT / "experiments").glob("*.py"))
+  assert loose == ["__init__.py", "cli.py"], loose  # every other module lives in its role's folder
+  long = {str(p.relative_to(ROOT)): n for p in (ROOT / "experiments").rglob("*.py")
+          if (n := len(p.read_text().splitlines())) > 600}
+  assert not long, long

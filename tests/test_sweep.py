@@ -18,6 +18,7 @@ from experiments.harness import provenance, runs
 from experiments.harness.config import RunConfig, identity, run_dir, run_name
 from experiments.report import build as report_lib
 from experiments.sweep import executor as sweep
+from experiments.sweep import workers
 
 
 def test_smoke_sweep_end_to_end(tmp_path):
@@ -347,8 +348,8 @@ def test_progress_shows_the_whole_name_and_a_resumption(tmp_path, monkeypatch):
     def __exit__(self, *exc):
       return False
 
-  monkeypatch.setattr(sweep, "tqdm", Bar)
-  sweep._run(spec, ds, tmp_path / "out", Bar(total=1))  # the finished run above: nothing trains
+  monkeypatch.setattr(workers, "tqdm", Bar)
+  workers.run_one(spec, ds, tmp_path / "out", Bar(total=1))  # the finished run above: nothing trains
   assert len(spec.name) > 48 and spec.name in descriptions  # not cut
 
 
@@ -463,13 +464,13 @@ def test_configs_naming_one_run_folder_train_it_once(tmp_path, monkeypatch):
   a, b = plan.main[0], plan.main[1]
   same_as_a = dataclasses.replace(a, num_blocks=a.model_config(256).num_blocks)  # canonical(): a's folder
   trained = []
-  monkeypatch.setattr(sweep, "_run", lambda c, *_: trained.append(c) or {"name": c.name})
-  monkeypatch.setattr(sweep, "_run_parallel",
+  monkeypatch.setattr(workers, "run_one", lambda c, *_: trained.append(c) or {"name": c.name})
+  monkeypatch.setattr(workers, "_run_parallel",
                       lambda todo, *_: {i: trained.append(c) or {"name": c.name} for i, c, _ in todo})
   for jobs in (1, 2):
     trained.clear()
     with tqdm_lib.tqdm(total=4, disable=True) as overall:
-      got = sweep.run_all([a, b, same_as_a, a], ds, tmp_path, overall, jobs=jobs)
+      got = workers.run_all([a, b, same_as_a, a], ds, tmp_path, overall, jobs=jobs)
     assert trained == [a, b] and [r["name"] for r in got] == [a.name, b.name, a.name, a.name]
 
 
@@ -491,7 +492,7 @@ def test_a_dead_worker_ends_only_its_own_run_and_failures_are_named(tmp_path):
           (2, good, run_dir(good, ds, tmp_path))]
   with tqdm_lib.tqdm(total=3, file=io.StringIO()) as overall:
     with pytest.raises(cli.RunFailed, match=r"2 run\(s\) failed: .*the-killed-run.*the others finished"):
-      sweep._run_parallel(todo, ds, overall, jobs=2)
+      workers._run_parallel(todo, ds, overall, jobs=2)
     assert overall.n == 3
   # the run beside them trained to the end, with the numbers of a run trained alone
   result = runs.load_result(run_dir(good, ds, tmp_path))
@@ -504,7 +505,7 @@ def test_a_worker_refuses_to_train_code_other_than_the_sweeps(tmp_path):
   ds = data_lib.load(None, context=plan.main[0].model_config(256).context)
   started = {**provenance.source_files(), "experiments/harness/runs.py": "0" * 64}  # edited since it began
   q = queue_lib.Queue()
-  sweep._worker(q, 7, plan.main[0], ds, tmp_path / "run", 1, started)
+  workers._worker(q, 7, plan.main[0], ds, tmp_path / "run", 1, started)
   kind, index, message = q.get_nowait()
   assert (kind, index) == ("error", 7)
   assert "source changed since the sweep began (experiments/harness/runs.py)" in message

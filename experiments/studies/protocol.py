@@ -43,7 +43,7 @@ from experiments.harness import processes, provenance
 from experiments.harness.methods import BASELINES
 from experiments.report import metrics, plots, tables
 from experiments.sweep import executor as sweep
-from experiments.sweep import presets
+from experiments.sweep import presets, workers
 
 METHODS = ("pipedream", "nesterov", "rotation")
 
@@ -201,7 +201,7 @@ def main(argv=None) -> pathlib.Path:
     def run_all(configs):
       overall.total += len(configs)
       overall.refresh()
-      return sweep.run_all(configs, ds, out, overall, jobs)
+      return workers.run_all(configs, ds, out, overall, jobs)
 
     by_setting = {label: run_all(cs) for label, cs in planned.items()}
     lr_runs = {key: run_all(cs) for key, cs in planned_lr.items()}

@@ -31,7 +31,7 @@ from experiments import cli
 from experiments.harness import data as data_lib
 from experiments.report import plots, tables
 from experiments.sweep import executor as sweep
-from experiments.sweep import presets
+from experiments.sweep import presets, workers
 
 METHODS = ("pipedream", "nesterov", "rotation")
 # Centre of the learning-rate grid: the untuned rates of the earlier default study.
@@ -102,7 +102,7 @@ def main(argv=None) -> pathlib.Path:
   t0 = time.time()
   record = {"preset": args.preset, "top": args.top, "methods": args.methods, "seeds": args.seeds}
   with sweep.exclusive(out), tqdm(total=0, desc="regime", unit="run", dynamic_ncols=True) as overall:
-    run = lambda c, ds: sweep._run(c, ds, out, overall)
+    run = lambda c, ds: workers.run_one(c, ds, out, overall)
 
     def runs_of(configs, ds):
       overall.total += len(configs)
