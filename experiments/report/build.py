@@ -47,11 +47,6 @@ def write_csv(path: pathlib.Path, runs, window: int) -> None:
                   f"{r['seconds']:.2f}", f"{sps:.1f}" if sps else ""])
 
 
-def final_val(run) -> float | None:
-  v = run["val_losses"][-1] if run["status"] == "finished" and run["val_losses"] else None
-  return v if v is not None and np.isfinite(v) else None
-
-
 def choose_rates(main: list, tuned: list) -> tuple[list, list, dict]:
   """The main reading and the second one, and the evidence for the choice.
 
@@ -64,7 +59,7 @@ def choose_rates(main: list, tuned: list) -> tuple[list, list, dict]:
   for r in tuned:
     by_method.setdefault(r["config"]["method"], []).append(r)
   for method, runs in sorted(by_method.items()):
-    at1 = lambda rs: {r["config"]["seed"]: final_val(r) for r in rs
+    at1 = lambda rs: {r["config"]["seed"]: metrics.final_val(r) for r in rs
                       if r["config"]["method"] == method and r["config"]["stages"] == 1}
     shared, own = at1(main), at1(runs)
     seeds = sorted(set(shared) & set(own))

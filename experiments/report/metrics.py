@@ -48,6 +48,12 @@ FIELDS = ("slowdown_levels", "final", "target", "iters_own", "slowdown_own", "it
 NUM_LEVELS = 20
 
 
+def final_val(run) -> float | None:
+  """A run's final validation loss; ``None`` for a run that diverged or did not finish."""
+  v = run["val_losses"][-1] if run["status"] == "finished" and run["val_losses"] else None
+  return float(v) if v is not None and np.isfinite(v) else None
+
+
 def half_window(window: int) -> int:
   return max(0, int(window) // 2)
 

@@ -32,7 +32,6 @@ import pathlib
 import sys
 
 from experiments import cli
-from experiments.report import build as report
 from experiments.report import claims as claims_lib
 from experiments.report import curves, metrics, plots
 from experiments.report.tables import curves_by, seed_tables
@@ -93,7 +92,7 @@ def gaps(tables, stages: int) -> dict:
 
 def val_gaps(runs, method: str, stages: int, seeds) -> list:
   """Per seed: final validation loss at ``stages`` minus at P = 1 (a string where one is missing)."""
-  final = {(r["config"]["stages"], r["config"]["seed"]): report.final_val(r) for r in runs
+  final = {(r["config"]["stages"], r["config"]["seed"]): metrics.final_val(r) for r in runs
            if r["config"]["method"] == method}
   out = []
   for seed in seeds:

@@ -159,9 +159,9 @@ def _table(summaries: dict, methods, top: int, level: float) -> list:
 
 
 def val_loss(result: dict) -> float:
-  """Final validation loss of a finished run; ``inf`` for a run that diverged or did not finish."""
-  v = result["val_losses"][-1] if result["status"] == "finished" else np.inf
-  return float(v) if np.isfinite(v) else np.inf
+  """``metrics.final_val`` with ``inf`` for a run that diverged or did not finish (ranked last)."""
+  v = metrics.final_val(result)
+  return np.inf if v is None else v
 
 
 def choose(grid_results: dict) -> tuple[float, bool]:
