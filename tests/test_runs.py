@@ -102,7 +102,7 @@ def test_metrics_are_written_while_training(trained):
   run_dir, result = trained
   log = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
   np.testing.assert_allclose([r["loss"] for r in log], result["losses"], rtol=1e-6)
-  lr = runs.methods.schedule(CONFIG)
+  lr = runs.learning_rates.warmup_cosine(CONFIG)
   np.testing.assert_allclose([r["lr"] for r in log], [float(lr(i)) for i in range(30)], rtol=1e-5)
   assert [r["step"] for r in log if "val_loss" in r] == [10, 20, 30] and result["compile_seconds"] > 0
   # The steady-state rate excludes the first (compiling) chunk.

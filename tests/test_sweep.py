@@ -433,7 +433,7 @@ def test_warmup_in_delays_and_b2_reach_every_run():
   assert all(c.warmup_steps == 8 and c.b2 == 0.99 for c in plan.main)  # 2.5 x tau_max (P = 4: 3)
   assert {c.stages for c in plan.main} == {1, 4}  # P = 1 shares the schedule
   c = plan.main[0]
-  assert runs.methods.schedule(c)(8) == c.lr  # the peak is reached after the warm-up
+  assert runs.learning_rates.warmup_cosine(c)(8) == c.lr  # the peak is reached after the warm-up
   assert "-wu8-b2_0.99" in c.name
   with pytest.raises(ValueError, match="give one of --warmup and --warmup-delays"):
     sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--warmup", "0.1", "--warmup-delays", "2"]))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import optax
 
 import pipeline_sim as ps
 import rotation
+from experiments.harness import learning_rates
 from experiments.harness import model as model_lib
 
 
@@ -80,52 +82,71 @@ def check_method(name: str) -> Method:
   return METHODS[name]
 
 
-def schedule(config) -> optax.Schedule:
-  """Linear warm-up from ``config.warmup_start`` over ``config.warmup_fraction`` of the steps, then
-  cosine decay to ``config.final_lr_fraction`` of the peak ``config.lr`` (the paper's schedule)."""
-  warmup = config.warmup_steps if config.warmup_steps is not None else int(config.steps *
-                                                                           config.warmup_fraction)
-  warmup = max(1, warmup)
-  return optax.warmup_cosine_decay_schedule(config.warmup_start, config.lr, warmup,
-                                            max(config.steps, warmup + 1),
-                                            config.final_lr_fraction * config.lr)
-
-
 def stage_optimizers(config) -> list[optax.GradientTransformation]:
   """One optimizer per stage for ``config`` (an ``experiments.harness.runs.RunConfig``), each behind
-  per-stage gradient clipping at ``config.clip_norm``."""
+  per-stage gradient clipping at ``config.clip_norm``: the method's kind's builder (``BUILDERS``)
+  for each stage."""
   method = check_method(config.method)
-  lr, wd, num_stages = schedule(config), config.weight_decay, config.stages
-  delays = ps.stage_delays(num_stages, config.schedule)
-  period = config.refresh_every or method.refresh_every
-  periods = rotation.stage_aware_refresh(delays, period, method.allocation)
+  stage = Stage(config, method, learning_rates.warmup_cosine(config),
+                ps.stage_delays(config.stages, config.schedule))
+  return ps.per_stage(lambda k: BUILDERS[method.kind](stage, k), config.stages, clip_norm=config.clip_norm)
 
-  b2 = config.b2
-  b1 = lambda own: own if config.b1 is None else config.b1  # the method's own unless set
 
-  def make(k):
-    transition = max(1, int(config.pipemare_fraction * config.steps))
-    if method.kind == "adamw":
-      return ps.pipedream(lr, b1=b1(0.9), b2=b2, weight_decay=wd)
-    if method.kind == "pipemare":
-      return ps.pipedream_lr(lr, delays[k], transition, b1=b1(0.9), b2=b2, weight_decay=wd)
-    if method.kind == "nadam":
-      own = ps.nesterov_stage_b1(0.9, delays[k], num_stages) if method.stage_b1 else 0.99
-      return ps.nesterov(lr, b1=b1(own), b2=b2, weight_decay=wd)
-    if method.kind == "muon":
-      dims = lambda params: jax.tree.map(
-          lambda m: optax.contrib.MuonDimensionNumbers() if m else None, model_lib.rotation_mask(params))
-      return optax.contrib.muon(lr, beta=b1(0.95), weight_decay=wd, adam_b1=b1(0.9), adam_b2=b2,
-                                adam_weight_decay=wd, muon_weight_dimension_numbers=dims,
-                                consistent_rms=0.2)
-    bases = (jax.random.fold_in(jax.random.key(config.seed), k) if method.bases == "random" else None)
-    rate = ps.pipemare_lr_schedule(lr, delays[k], transition) if method.stage_lr else lr
-    return rotation.basis_rotation(rate, b1=b1(0.9), b2=b2, shampoo_beta=config.shampoo_beta,
-                                   weight_decay=wd, source=method.source,
-                                   geometry=method.geometry, refresh_every=periods[k],
-                                   first_order_step=method.first_order_step,
-                                   weight_dimension_numbers=model_lib.rotation_dims,
-                                   block_size=None, max_precond_dim=10_000, bases=bases,
-                                   freeze_after=method.freeze_after)
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """What every builder reads: the run's config, its method, its learning-rate schedule and the
+  stages' delays."""
 
-  return ps.per_stage(make, num_stages, clip_norm=config.clip_norm)
+  config: Any
+  method: Method
+  lr: optax.Schedule
+  delays: tuple
+
+  def b1(self, own: float) -> float:
+    """The method's own first-moment decay unless the run sets one for every method."""
+    return own if self.config.b1 is None else self.config.b1
+
+  @property
+  def transition(self) -> int:  # PipeDream-LR's T_c in steps
+    return max(1, int(self.config.pipemare_fraction * self.config.steps))
+
+
+def _adamw(s: Stage, k: int):
+  return ps.pipedream(s.lr, b1=s.b1(0.9), b2=s.config.b2, weight_decay=s.config.weight_decay)
+
+
+def _pipemare(s: Stage, k: int):
+  return ps.pipedream_lr(s.lr, s.delays[k], s.transition, b1=s.b1(0.9), b2=s.config.b2,
+                         weight_decay=s.config.weight_decay)
+
+
+def _nadam(s: Stage, k: int):
+  own = ps.nesterov_stage_b1(0.9, s.delays[k], s.config.stages) if s.method.stage_b1 else 0.99
+  return ps.nesterov(s.lr, b1=s.b1(own), b2=s.config.b2, weight_decay=s.config.weight_decay)
+
+
+def _muon(s: Stage, k: int):
+  wd = s.config.weight_decay
+  dims = lambda params: jax.tree.map(
+      lambda m: optax.contrib.MuonDimensionNumbers() if m else None, model_lib.rotation_mask(params))
+  return optax.contrib.muon(s.lr, beta=s.b1(0.95), weight_decay=wd, adam_b1=s.b1(0.9),
+                            adam_b2=s.config.b2, adam_weight_decay=wd, muon_weight_dimension_numbers=dims,
+                            consistent_rms=0.2)
+
+
+def _rotation(s: Stage, k: int):
+  c, m = s.config, s.method
+  periods = rotation.stage_aware_refresh(s.delays, c.refresh_every or m.refresh_every, m.allocation)
+  bases = jax.random.fold_in(jax.random.key(c.seed), k) if m.bases == "random" else None
+  rate = ps.pipemare_lr_schedule(s.lr, s.delays[k], s.transition) if m.stage_lr else s.lr
+  return rotation.basis_rotation(rate, b1=s.b1(0.9), b2=c.b2, shampoo_beta=c.shampoo_beta,
+                                 weight_decay=c.weight_decay, source=m.source, geometry=m.geometry,
+                                 refresh_every=periods[k], first_order_step=m.first_order_step,
+                                 weight_dimension_numbers=model_lib.rotation_dims,
+                                 block_size=None, max_precond_dim=10_000, bases=bases,
+                                 freeze_after=m.freeze_after)
+
+
+# The registry of kinds: a new method is an entry of METHODS (a Method of an existing kind) or a new
+# kind here, ``(Stage, stage index) -> optax.GradientTransformation``.
+BUILDERS = {"adamw": _adamw, "pipemare": _pipemare, "nadam": _nadam, "muon": _muon, "rotation": _rotation}

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pipeline_sim as ps
-from experiments.harness import methods, provenance
+from experiments.harness import learning_rates, methods, provenance
 from experiments.harness import model as model_lib
 from experiments.harness.checkpoints import _Checkpoints
 from experiments.harness.config import OutOfMemory, RunConfig, identity, out_of_memory
@@ -183,7 +183,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
     ckpt.save(step, state, losses, val_losses)
     timing["checkpoint_seconds"] += time.perf_counter() - t0
 
-  lr_at = methods.schedule(config)
+  lr_at = learning_rates.warmup_cosine(config)
 
   losses = np.full(config.steps, np.nan, np.float32)
   val_losses = np.full(config.steps // config.eval_every + 1, np.nan, np.float32)
