@@ -437,8 +437,10 @@ class DevicePipeline:
       batch = jax.tree.map(lambda b: b[jnp.clip(m - c0, 0, num_chunk - 1)], batches)
       carry, inbox, out, cot, grads, loss = jax.lax.switch(index, branches, carry, inbox, fwd, bwd, batch, m,
                                                            start // self.micro_batches)
-      grads, loss = jax.lax.pmean((grads, loss), DATA)
       is_backward = valid & ~is_forward
+      # Only a backward's gradients and loss are averaged over the data devices (a forward or an idle
+      # phase has none): half the phases. Every device of a stage's data group takes the same branch.
+      grads, loss = jax.lax.cond(is_backward, lambda t: jax.lax.pmean(t, DATA), lambda t: t, (grads, loss))
       carry, sq_norm = jax.lax.switch(jnp.where(is_backward, 1 + k, 0), updates, carry, grads, m)
       if pk > 1:  # u is the same on every device, so every device takes the same branch
         fwd, bwd = jax.lax.cond(u % 2 == 0, send(0), send(1), out, cot)

@@ -82,6 +82,8 @@ for name, num_stages, n_data, mode, opt_name, schedule, micro in cases:
   message = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((pipe._message, pipe._act)))
   got[name] = {
       "moved_per_micro_batch": moved["ppermute"] * n_data / CHUNK, "live_bytes": (num_stages - 1) * message,
+      "allreduce_per_micro_batch": moved["psum"] / (CHUNK * pipe.micro_batches),
+      "gradient_bytes": sum(w * np.dtype(d).itemsize for d, w in pipe._grad_widths.items()) + 8,
       "steps": [int(s) for s in steps],
       "loss": float(np.max(np.abs(np.array(losses) - np.asarray(l_emu)))),
       "norm": float(np.max(np.abs(np.array(norms) - np.asarray(n_emu)))),
@@ -324,3 +326,10 @@ def test_a_resumed_pipeline_finishes_without_a_run_and_refuses_a_consumed_state(
   assert r["steps"][0] == r["steps"][1] == [3]  # P = 2 after a chunk of 4: batch 3 in flight
   assert r["loss"] == 0.0 and r["params"] == 0.0, r
   assert "DevicePipeline.run/finish: this state was consumed by an earlier call" in r["consumed"]
+
+
+@pytest.mark.parametrize("name", ["adam-ws-P2xD2", "adam-2bw-P2xD2"])
+def test_the_data_devices_average_one_gradient_per_micro_batch(got, name):
+  # the all-reduce runs in a stage's backward phases only (half its phases): per micro-batch one
+  # stage gradient (its packed width) and its loss, not one per phase
+  assert got[name]["allreduce_per_micro_batch"] == got[name]["gradient_bytes"], got[name]
