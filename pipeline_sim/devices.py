@@ -396,7 +396,8 @@ class DevicePipeline:
         grad_sum = jax.tree.map(jnp.add, stash.grad_sum, g)
 
         def last(_):  # the batch's mean gradient (at W_{t-1}) updates W_t; W_t becomes the previous
-          mean = jax.tree.map(lambda x: x / self.micro_batches, grad_sum)
+          # averaged over the data devices here, once per batch (their sums are each device's own)
+          mean = jax.tree.map(lambda x: jax.lax.pmean(x, DATA) / self.micro_batches, grad_sum)
           new, state = apply(params, opt_state, mean)
           zero = jax.tree.map(jnp.zeros_like, grad_sum)
           return (new, state, TwoVersions(params, zero, stash.updates + 1)), sq_norm(mean)
@@ -438,9 +439,14 @@ class DevicePipeline:
       carry, inbox, out, cot, grads, loss = jax.lax.switch(index, branches, carry, inbox, fwd, bwd, batch, m,
                                                            start // self.micro_batches)
       is_backward = valid & ~is_forward
-      # Only a backward's gradients and loss are averaged over the data devices (a forward or an idle
-      # phase has none): half the phases. Every device of a stage's data group takes the same branch.
-      grads, loss = jax.lax.cond(is_backward, lambda t: jax.lax.pmean(t, DATA), lambda t: t, (grads, loss))
+      # Only a backward's loss and gradients are averaged over the data devices (a forward or an idle
+      # phase has none): half the phases; under 2BW the gradients only once per batch, at its
+      # update (``_updates``). Every device of a stage's data group takes the same branch.
+      mean = lambda t: jax.lax.pmean(t, DATA)
+      if self.schedule == "1f1b":
+        grads, loss = jax.lax.cond(is_backward, mean, lambda t: t, (grads, loss))
+      else:
+        loss = jax.lax.cond(is_backward, mean, lambda t: t, loss)
       carry, sq_norm = jax.lax.switch(jnp.where(is_backward, 1 + k, 0), updates, carry, grads, m)
       if pk > 1:  # u is the same on every device, so every device takes the same branch
         fwd, bwd = jax.lax.cond(u % 2 == 0, send(0), send(1), out, cot)
