@@ -1,5 +1,5 @@
-"""Three verdicts (experiments/report/claims.py) on synthetic per-seed values and curves with known
-answers."""
+"""Three verdicts under the protocol (experiments/report/claims.py) on synthetic per-seed values and
+curves with known answers."""
 
 import numpy as np
 import pytest
@@ -59,7 +59,7 @@ def test_main_claims_reproduced_refuted_and_inconclusive():
   assert got["rotation slows down least"].verdict == "reproduced"
   assert got["rotation's lead over the best baseline grows with staleness"].verdict == "reproduced"
   assert got["rotation needs fewer iterations than the best baseline"].verdict == "reproduced"
-  gain = float(got["rotation's lead over the best baseline grows with staleness"].evidence.split()[0])
+  gain = got["rotation's lead over the best baseline grows with staleness"].interval["mean"]
   assert abs(gain - 2.0) < 0.1
   got = _verdicts(_study(rot_slowdown=4.0, base_slowdown=2.0))
   assert got["rotation slows down least"].verdict == "refuted"
@@ -135,3 +135,110 @@ def test_muon_against_adamw_gap_claim():
   got = [c for c in claims.main_claims(seed_tables(curves_by(runs), WINDOW)) if "Muon" in c.claim]
   assert len(got) == 1 and got[0].verdict == "reproduced"
   assert got[0].evidence.startswith("AdamW's gap minus Muon's: +0.29")
+
+
+def test_ratios_are_tested_on_the_log_scale():
+  gains = [1.5, 0.9, 2.4, 1.1]
+  c = claims.check("gain", "> 1", gains, 1.0, log=True)
+  y = np.log(gains)
+  t = y.mean() / (y.std(ddof=1) / 2)  # against log 1 = 0
+  assert c.p == pytest.approx(2 * scipy.stats.t.sf(abs(t), 3), rel=1e-12)
+  half = scipy.stats.t.ppf(0.975, 3) * y.std(ddof=1) / 2
+  np.testing.assert_allclose(c.interval["ci95"], np.exp([y.mean() - half, y.mean() + half]))
+  assert c.interval["mean"] == pytest.approx(np.exp(y.mean()))  # the geometric mean
+  assert "geometric mean" in c.evidence
+  # a linear interval of the same values says something else (it is symmetric about the mean)
+  lin = metrics.interval(gains)["ci95"]
+  assert abs((lin[0] + lin[1]) / 2 - np.mean(gains)) < 1e-12 and c.interval["ci95"] != lin
+
+
+def _holm_by_hand(ps, alpha=0.05):
+  """Holm (1979) written out: reject the sorted hypotheses while p_(k) <= alpha / (m - k + 1)."""
+  order = sorted(range(len(ps)), key=lambda i: ps[i])
+  rejected = set()
+  for k, i in enumerate(order):
+    if ps[i] > alpha / (len(ps) - k):
+      break
+    rejected.add(i)
+  return rejected
+
+
+def test_holm_rejects_exactly_what_the_step_down_rejects():
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    fams = [list(rng.normal(rng.uniform(-1.5, 1.5), 1.0, size=rng.integers(3, 7))) for _ in range(5)]
+    raw = [claims.check(f"c{i}", "", v, 0.0) for i, v in enumerate(fams)]
+    got = claims.holm(raw)
+    decided = {i for i, c in enumerate(got) if c.verdict != "inconclusive"}
+    assert decided == _holm_by_hand([c.p for c in raw])
+    for i in decided:  # the side: the mean's
+      assert got[i].verdict == ("reproduced" if np.mean(fams[i]) > 0 else "refuted")
+    # each interval at its rank's level clears 0 exactly when its own step would reject
+    ranks = sorted(range(5), key=lambda i: raw[i].p)
+    for k, i in enumerate(ranks):
+      lo, hi = got[i].interval["ci95"]
+      assert got[i].interval.get("level", 0.95) == pytest.approx(1 - 0.05 / (5 - k))
+      assert (lo > 0 or hi < 0) == (raw[i].p <= 0.05 / (5 - k))
+
+
+def test_holm_turns_a_lone_95_percent_verdict_inconclusive_in_a_family():
+  alone = claims.check("weak", "", [1.2, 1.05, 1.5, 1.1, 1.3], 1.0, log=True)
+  strong = claims.check("strong", "", [3.1, 2.9, 3.3, 3.0], 1.0, log=True)
+  assert alone.verdict == "reproduced" and 0.025 < alone.p < 0.05  # not below 0.05 / 2
+  fam = claims.holm([alone, strong, claims.check("none", "", [1.0, 1.2, 0.8], 1.0, log=True)])
+  assert [c.verdict for c in fam] == ["inconclusive", "reproduced", "inconclusive"]
+  assert fam[0].p_holm == pytest.approx(min(1, 2 * alone.p)) and fam[0].family == 3
+  assert claims.holm([claims.check("one", "", [2.0], 1.0)])[0].why == "one seed, no interval"
+
+
+def test_the_window_rule_makes_a_verdict_that_moves_fragile():
+  base = claims.check("c", "", [1.5, 1.6, 1.7], 1.0, log=True)
+  moved = claims.check("c", "", [1.5, 0.6, 1.7], 1.0, log=True)
+  assert base.verdict == "reproduced" and moved.verdict == "inconclusive"
+  kept = claims.robust([base], {"half the window": [base], "double the window": [base]})
+  assert kept[0].verdict == "reproduced"
+  got = claims.robust([base], {"half the window": [base], "double the window": [moved]})
+  assert got[0].verdict == "inconclusive"
+  assert got[0].why == "fragile: reproduced at the reported window but inconclusive at double the window"
+
+
+def test_a_report_applies_the_window_rule_on_synthetic_curves():
+  """End to end through ``build.report_claims`` and ``claims.protocol``: the same runs decided at
+  three windows. A late bump that only the doubled window smooths into the final loss flips the
+  Muon-vs-AdamW gap."""
+  from experiments.report import build
+  runs = []
+  for s in (0, 1, 2):
+    bump = np.zeros(600)
+    bump[-20:] = 0.6  # AdamW at P = 8: 0.15 below P = 1, but 0.6 higher over its last 20 steps
+    ada = _run("pipedream", 8, 1.0, s, end=2.0 - 0.15 - 0.002 * s)
+    ada["losses"] = list(np.add(ada["losses"], bump))
+    runs += [_run("pipedream", 1, 1.0, s), ada, _run("muon", 1, 1.0, s), _run("muon", 8, 1.0, s),
+             _run("rotation", 1, 1.0, s), _run("rotation", 8, 1.0, s)]
+  for r in runs:
+    r["group"] = "main"
+  windows = {"reported": 61, "half": 30, "double": 122}
+  label = "Muon degrades less"
+  at = lambda lab: next(c for c in claims.holm(build.report_claims(runs, [], {}, {}, windows[lab]))
+                        if c.claim.startswith(label))
+  assert at("reported").verdict == "reproduced" and at("half").verdict == "reproduced"
+  assert at("double").verdict == "refuted"
+  final = next(c for c in claims.protocol(lambda lab: build.report_claims(runs, [], {}, {}, windows[lab]))
+               if c.claim.startswith(label))
+  assert final.verdict == "inconclusive" and final.why.startswith("fragile: reproduced")
+
+
+def test_a_seed_without_muon_or_one_baseline_still_counts_for_rotations_claims():
+  runs = _study(2.0, 4.0, seeds=(0, 1, 2))
+  for s in (0, 1):  # Muon and PipeDream at seeds 0 and 1 only
+    runs += [_run("muon", 1, 1.0, s), _run("muon", 8, 1.0, s, end=2.02)]
+  runs = [r for r in runs if not (r["config"]["method"] in ("pipedream", "pipedream-lr")
+                                  and r["config"]["seed"] == 2)]
+  rotation, muon = claims.claim_tables(curves_by(runs), WINDOW)
+  assert len(rotation) == 3 and len(muon) == 2
+  assert {r["method"] for r in rotation[2]} == {"rotation", "nesterov"}  # seed 2: the baseline it has
+  assert len(seed_tables(curves_by(runs), WINDOW)) == 2  # every curve shares seeds 0 and 1 only
+  got = claims.main_claims(rotation, "", muon)
+  gain = next(c for c in got if "staleness gain" in c.claim)
+  assert gain.interval["seeds"] == 3 and gain.verdict == "reproduced"
+  assert next(c for c in got if "Muon" in c.claim).interval["seeds"] == 2

@@ -25,7 +25,7 @@ import numpy as np
 from experiments.report import claims as claims_lib
 from experiments.report import curves as curves_lib
 from experiments.report import metrics, sections
-from experiments.report.tables import curves_by, final_loss, seed_tables
+from experiments.report.tables import curves_by, final_loss
 from experiments.sweep import ablations as ablations_lib
 
 TUNED = "tuned-lr"  # the group of runs at a method's own tuned rate (the second reading)
@@ -133,6 +133,16 @@ def headline(tables) -> dict:
   return out
 
 
+def report_claims(main, second, choice, groups, window: int) -> list:
+  """One report's claims, uncorrected, at smoothing ``window`` (``claims.protocol`` decides them)."""
+  tables, muon = claims_lib.claim_tables(curves_by(main), window) if main else ([], [])
+  out = claims_lib.main_claims(tables, " (main reading)" if choice else "", muon)
+  if choice:
+    tables2, muon2 = claims_lib.claim_tables(curves_by(second), window)
+    out += claims_lib.main_claims(tables2, " (second reading)", muon2)
+  return out + claims_lib.ablation_claims(groups, window, tables)
+
+
 def build(source, out=None, methods=None, command: str | None = None) -> dict:
   """Writes report.md, results.csv, summary.json and the figures of the study in ``source`` (a
   folder holding ``curves.json.xz``, or the file) into ``out`` (default: its folder); returns the
@@ -155,14 +165,10 @@ def build(source, out=None, methods=None, command: str | None = None) -> dict:
                                       [r for r in runs if r["group"] == TUNED])
   ctx = sections.Context(out, window, main, [])
   lines = header(meta, runs, command) + rates_section(choice)
-  tables, claims = [], []
+  tables = []
   if main:
     section, tables = sections.main_section(ctx, main)
     lines += section
-    claims += claims_lib.main_claims(tables, " (main reading)" if choice else "")
-  if choice:
-    second_tables = seed_tables(curves_by(second), window)
-    claims += claims_lib.main_claims(second_tables, " (second reading)")
   lines += sections.diagnostics_section(ctx, runs)
   groups = {}
   for r in runs:
@@ -172,7 +178,9 @@ def build(source, out=None, methods=None, command: str | None = None) -> dict:
     ablation = ablations_lib.check_ablation(name)
     lines += [f"## Ablation: {name}", "", ablation.description, ""]
     lines += ablation.section(ctx, name, results)
-  claims += claims_lib.ablation_claims(groups, window, tables)
+  windows = {"reported": window, "half": max(1, window // 2), "double": 2 * window}
+  claims = claims_lib.protocol(lambda label: report_claims(main, second, choice, groups,
+                                                           windows[label]))
   plumbing = bool(meta.get("plumbing"))
   lines += claims_lib.section(claims, plumbing)
   lines += ["## Figures", ""] + [f"![{f}]({f})" for f in ctx.figures] + [""]

@@ -232,18 +232,25 @@ def study_table(curves: dict, baselines: Sequence[str], window: int,
   return rows
 
 
-def interval(values) -> dict | None:
-  """``{"mean", "min", "max", "ci95": [lo, hi] or None, "seeds"}`` of per-seed values: the 95%
-  interval is Student's t interval of the mean (``None`` with one seed); ``None`` if a value is
-  missing (a seed that diverged or never reached a level has no number to average)."""
-  if not len(values) or any(v is None or not np.isfinite(v) for v in values):
+def interval(values, level: float = 0.95, log: bool = False) -> dict | None:
+  """``{"mean", "min", "max", "ci95": [lo, hi] or None, "seeds"}`` of per-seed values: the interval
+  is Student's t interval of the mean at confidence ``level`` (``None`` with one seed; the key keeps
+  its name at any level, ``"level"`` says which). ``log``: for ratios, the interval of the mean of
+  ``log x`` mapped back (``exp(mean(log x) +- t s / sqrt(n))``) and ``"mean"`` the geometric mean.
+  ``None`` if a value is missing (a seed that diverged or never reached a level has no number to
+  average) or, with ``log``, not positive."""
+  if not len(values) or any(v is None or not np.isfinite(v) or (log and v <= 0) for v in values):
     return None
   x = np.asarray(values, np.float64)
-  out = {"mean": float(x.mean()), "min": float(x.min()), "max": float(x.max()), "ci95": None,
+  y = np.log(x) if log else x
+  back = np.exp if log else (lambda v: v)
+  out = {"mean": float(back(y.mean())), "min": float(x.min()), "max": float(x.max()), "ci95": None,
          "seeds": len(x)}
+  if level != 0.95 or log:
+    out.update(level=level, log=log)
   if len(x) > 1:
-    half = float(scipy.stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
-    out["ci95"] = [out["mean"] - half, out["mean"] + half]
+    half = float(scipy.stats.t.ppf(0.5 + level / 2, len(x) - 1) * y.std(ddof=1) / np.sqrt(len(x)))
+    out["ci95"] = [float(back(y.mean() - half)), float(back(y.mean() + half))]
   return out
 
 

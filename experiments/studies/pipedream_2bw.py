@@ -9,8 +9,8 @@ from the runs at P = 1 and that P (``metrics.study_table``, as a study's own rep
 
 - each method's final-loss gap (final smoothed training loss at P minus at P = 1, paired by seed)
   and headline slowdown, with Student's t 95% intervals;
-- the rotation paper's claims at that P (``claims.main_claims``) and the follow-up's "Muon degrades
-  less than AdamW" (Zmushko et al., arXiv 2606.30634, which measured it under PipeDream-2BW).
+- the rotation paper's claims at that P (``claims.main_claims``, decided under docs/protocol.md)
+  and the follow-up's "Muon degrades less than AdamW" (Zmushko et al., arXiv 2606.30634, which measured it under PipeDream-2BW).
 
 Momentum: under 2BW at the largest P, the gap of AdamW (PipeDream) and rotation per ``b1``, and the
 follow-up's "higher momentum degrades less" (per seed: the gap at b1 = 0.9 minus the gap at the
@@ -123,7 +123,8 @@ def study(runs, window: int) -> tuple[list, list, list, dict]:
         rows.append({"schedule": schedule, "P": p, "method": method, "b1": None, "gaps": values,
                      "gap": claims_lib.judge(values, 0.0)[1], "slowdown": slow.get(method),
                      "val_gaps": val, "val_gap": claims_lib.judge(val, 0.0)[1]})
-      for c in claims_lib.main_claims(tables, f" ({NAMES[schedule]}, P = {p})"):
+      rotation_tables, muon_tables = claims_lib.claim_tables(curves_of, window)
+      for c in claims_lib.main_claims(rotation_tables, f" ({NAMES[schedule]}, P = {p})", muon_tables):
         claims.append(c)
         row = next((i for i, (start, _, _) in enumerate(GLANCE) if c.claim.startswith(start)), None)
         if row is not None:
@@ -158,16 +159,26 @@ def study(runs, window: int) -> tuple[list, list, list, dict]:
   return rows, momentum, claims, glance
 
 
+def decided_study(runs, window: int) -> tuple[list, list, list, dict]:
+  """``study`` with its claims decided under docs/protocol.md (one family: Holm, the window rule)."""
+  rows, momentum, claims, glance = study(runs, window)
+  other = {"half": max(1, window // 2), "double": 2 * window}
+  decided = claims_lib.protocol(lambda label: claims if label == "reported" else study(runs, other[label])[2])
+  by_text = {c.claim: c for c in decided}
+  return rows, momentum, decided, {k: by_text[c.claim] for k, c in glance.items()}
+
+
 def _cell(values, interval) -> str:
   return claims_lib.describe(values, interval, "{:+.3f}")
 
 
 def glance_section(glance: dict) -> list:
   """Both papers' claims, one row per claim and one column per schedule and P: the verdict, the
-  mean of the per-seed quantity and its 95% interval."""
+  mean of the per-seed quantity (geometric for ratios) and its interval at the claim's Holm level."""
   settings = sorted({(s, p) for _, s, p in glance})
   lines = ["## Both papers' claims at a glance", "",
-           "Verdict, mean over seeds and 95% interval (the claims table below has the evidence); "
+           "Verdict under docs/protocol.md, mean over seeds (geometric for ratios) and the interval at "
+           "the claim's Holm level (the claims table below has the evidence and the p-values); "
            "the rotation paper's claims are its 1F1B claims, checked under both schedules. The "
            f"follow-up's ({PAPER}) correction is not tested: its rule is not in the text available here.",
            "", "| claim | " + " | ".join(f"{NAMES[s]}, P = {p}" for s, p in settings) + " |",
@@ -246,7 +257,7 @@ def main(argv=None):
                       "schedule compares the same methods)")
   args = parser.parse_args(argv)
   runs, window, held, sweeps = merged_runs(args.sources + args.refer, args.methods)
-  rows, momentum, claims, glance = study(runs, window)
+  rows, momentum, claims, glance = decided_study(runs, window)
   if not rows:
     raise ValueError(f"no runs at P > 1 with their P = 1 runs in {args.sources}")
   command = "python -m experiments.studies.pipedream_2bw " + " ".join(sys.argv[1:] if argv is None else argv)
