@@ -10,7 +10,8 @@ from the runs at P = 1 and that P (``metrics.study_table``, as a study's own rep
 - each method's final-loss gap (final smoothed training loss at P minus at P = 1, paired by seed)
   and headline slowdown, with Student's t 95% intervals;
 - the rotation paper's claims at that P (``claims.main_claims``, decided under docs/protocol.md)
-  and the follow-up's "Muon degrades less than AdamW" (Zmushko et al., arXiv 2606.30634, which measured it under PipeDream-2BW).
+  and the follow-up's "Muon degrades less than AdamW" (Zmushko et al., arXiv 2606.30634, which
+  measured it under PipeDream-2BW).
 
 Momentum: under 2BW at the largest P, the gap of AdamW (PipeDream) and rotation per ``b1``, and the
 follow-up's "higher momentum degrades less" (per seed: the gap at b1 = 0.9 minus the gap at the
