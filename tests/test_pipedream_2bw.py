@@ -86,5 +86,5 @@ def test_sources_of_different_windows_are_refused(tmp_path):
   path = tmp_path / "b"
   path.mkdir()
   curves.write(path / curves.FILE, {"window": 99, "preset": "t", "command": "c"}, [_run("rotation", 1, 0)])
-  with pytest.raises(ValueError, match=r"different windows \[30, 99\]"):
+  with pytest.raises(ValueError, match=r"smooths with window 99, the first file with 30"):
     schedules.main([a, "--refer", str(path), "--out", str(tmp_path / "out")])

@@ -199,3 +199,26 @@ def test_a_tuned_rate_is_the_main_reading_only_beyond_the_seed_noise(tuned_vals,
   assert rot_lr(first) == ({6e-3} if main_reading == "tuned" else {3e-3})
   assert rot_lr(second) == ({3e-3} if main_reading == "tuned" else {6e-3})
   assert len(first) == len(second) == 12
+
+
+def test_add_merges_rerun_seeds_into_a_study_and_the_merged_curves_rebuild_it(tmp_path):
+  both = lambda seeds: [r for s in seeds for m, sp in (("pipedream", 4.0), ("rotation", 2.0))
+                        for r in (_curve_run(m, 1, 1.0, s), _curve_run(m, 8, sp * (1 + 0.05 * s), s))]
+  first = _write_study(tmp_path / "first", both((0, 1)))
+  more = _write_study(tmp_path / "more", both((2,)))
+  meta = curves.read(more)["meta"]
+  curves.write(more / curves.FILE, {**meta, "command": "python -m experiments.sweep --seeds 2"},
+               curves.read(more)["runs"])
+  summary = report.main([str(first), "--add", str(more)])
+  assert summary["headline"]["rotation"]["8"]["seeds"] == 3
+  merged = curves.read(first)
+  assert sorted(r["config"]["seed"] for r in merged["runs"]) == [0] * 4 + [1] * 4 + [2] * 4
+  text = (first / "report.md").read_text()
+  assert ("(the sweeps: `python -m experiments.sweep --preset test`; `python -m experiments.sweep "
+          "--seeds 2`)") in text
+  assert report.main([str(first)])["headline"] == summary["headline"]  # the merged file alone rebuilds it
+  again = report.main([str(first), "--add", str(more)])  # adding the same runs again changes nothing
+  assert again["headline"] == summary["headline"] and len(curves.read(first)["runs"]) == 12
+  clash = _write_study(tmp_path / "clash", [_curve_run("rotation", 8, 9.0, 0)])
+  with pytest.raises(ValueError, match="differs between the files"):
+    report.main([str(first), "--add", str(clash)])

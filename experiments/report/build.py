@@ -18,7 +18,6 @@ import csv
 import json
 import pathlib
 import re
-import sys
 
 import numpy as np
 
@@ -99,8 +98,10 @@ def header(meta: dict, runs: list, command: str) -> list:
   commits = sorted({str((r.get("code") or {}).get("commit"))[:12] for r in runs})
   distinct = {r["name"]: r for r in runs}  # an ablation may list a main run again
   trained = sum(r.get("seconds") or 0.0 for r in distinct.values())
+  sweeps = meta.get("sweeps") or [meta["command"]]
   made = (f"made by `{command}`" if command == meta["command"] else
-          f"rebuilt by `{command}` from `{curves_lib.FILE}` (the sweep: `{meta['command']}`)")
+          f"rebuilt by `{command}` from `{curves_lib.FILE}` (the sweep" + ("s" if len(sweeps) > 1 else "")
+          + ": " + "; ".join(f"`{c}`" for c in sweeps) + ")")
   lines = [f"# Staleness study: preset `{meta['preset']}`", "",
            f"- {made}; runs trained by commit(s) {', '.join(commits)}, {trained:.0f} s of training "
            f"over {len(distinct)} distinct runs (compilation included)"]
@@ -244,6 +245,9 @@ def main(argv=None):
   parser.add_argument("source", nargs="?", help=f"a folder holding {curves_lib.FILE}")
   parser.add_argument("--methods", nargs="+", help="keep only these methods' runs")
   parser.add_argument("--out", help="where to write (default: SOURCE)")
+  parser.add_argument("--add", nargs="+", default=[], metavar="FOLDER", help=f"first merge the runs "
+                      f"of these folders' {curves_lib.FILE} into SOURCE's (its rerun seeds, say), "
+                      "rewriting SOURCE's curves file")
   parser.add_argument("--readme", help="rewrite this README's generated tables (after rebuilding "
                       "SOURCE, if given)")
   args = parser.parse_args(argv)
@@ -251,8 +255,16 @@ def main(argv=None):
     parser.error("give SOURCE, --readme, or both")
   summary = None
   if args.source is not None:
-    command = "python -m experiments.report " + " ".join(sys.argv[1:] if argv is None else argv)
-    summary = build(args.source, args.out, args.methods, command.strip())
+    if args.add:
+      merged = curves_lib.merge([args.source] + args.add)
+      target = pathlib.Path(args.source)
+      target = target / curves_lib.FILE if target.is_dir() else target
+      curves_lib.write(target, merged["meta"], merged["runs"])
+      print(f"merged {len(merged['runs'])} runs into {target}")
+    source = args.source
+    command = f"python -m experiments.report {source}" + (f" --out {args.out}" if args.out else "") + (
+        f" --methods {' '.join(args.methods)}" if args.methods else "")
+    summary = build(source, args.out, args.methods, command)
     print(f"wrote {pathlib.Path(args.out or args.source) / 'report.md'}")
   if args.readme is not None:
     readme = pathlib.Path(args.readme)

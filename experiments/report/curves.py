@@ -92,6 +92,25 @@ def read(path: pathlib.Path) -> dict:
   return data
 
 
+def merge(paths) -> dict:
+  """The curves files of ``paths`` as one study: the first file's ``meta`` (its window must be every
+  file's) with ``meta["sweeps"]`` listing every sweep command, and each run once (a run in several
+  files must be the same run: the same config and losses)."""
+  merged, meta, sweeps = {}, None, []
+  for path in paths:
+    data = read(path)
+    meta = meta or dict(data["meta"])
+    if data["meta"]["window"] != meta["window"]:
+      raise ValueError(f"{str(path)!r} smooths with window {data['meta']['window']}, the first file with "
+                       f"{meta['window']}: not one study")
+    sweeps += [c for c in data["meta"].get("sweeps", [data["meta"].get("command")]) if c not in sweeps]
+    for r in data["runs"]:
+      held = merged.setdefault(r["name"], r)
+      if held["losses"] != r["losses"] or held["config"] != r["config"]:
+        raise ValueError(f"run {r['name']!r} differs between the files: rerun or drop one of them")
+  return {"meta": {**meta, "sweeps": sweeps}, "runs": list(merged.values())}
+
+
 def hosts_of(runs) -> list:
   """The distinct CPUs (``{"cpu", "cores"}``) the runs trained on, sorted."""
   return [json.loads(h) for h in sorted({json.dumps(r["host"], sort_keys=True) for r in runs

@@ -57,20 +57,14 @@ GLANCE = (("rotation slows down least", "rotation slows down least from P = 1 (s
 
 
 def merged_runs(sources, methods=None) -> tuple[list, int, dict, list]:
-  """The main runs of every source (of ``methods`` only, if given), once each; the study window
-  (every source's must agree); the run names each source holds; the sweeps that made them."""
-  runs, windows, held, sweeps = {}, set(), {}, []
-  for source in sources:
-    data = curves.read(source)
-    windows.add(data["meta"]["window"])
-    sweeps += [c for c in data["meta"].get("sweeps", [data["meta"].get("command")]) if c not in sweeps]
-    held[source] = {r["name"] for r in data["runs"]}
-    for r in data["runs"]:
-      if r["group"] == "main" and (not methods or r["config"]["method"] in methods):
-        runs.setdefault(r["name"], r)
-  if len(windows) != 1:
-    raise ValueError(f"the sources smooth with different windows {sorted(windows)}: not one study")
-  return list(runs.values()), windows.pop(), held, sweeps
+  """The main runs of every source (of ``methods`` only, if given), once each (``curves.merge``:
+  every source's window must agree); the study window; the run names each source holds; the sweeps
+  that made them."""
+  data = curves.merge(sources)
+  held = {source: {r["name"] for r in curves.read(source)["runs"]} for source in sources}
+  runs = [r for r in data["runs"]
+          if r["group"] == "main" and (not methods or r["config"]["method"] in methods)]
+  return runs, data["meta"]["window"], held, data["meta"]["sweeps"]
 
 
 def setting_runs(runs, schedule: str, b1, stages: int) -> list:
