@@ -8,7 +8,7 @@ from rotation.dims import (
     stacked,
 )
 from rotation.eigenbasis import eigh_descending
-from rotation.refresh import ALLOCATIONS, refresh_budget, stage_aware_refresh
+from rotation.refresh import ALLOCATIONS, refresh_budget, stage_aware_decay, stage_aware_refresh
 from rotation.sharding import state_sharding
 from rotation.transform import (
     DEFAULT_BLOCK_SIZE,
@@ -29,6 +29,6 @@ __all__ = [
     "ALLOCATIONS", "ATTENTION_OUT", "ATTENTION_QKV", "DEFAULT_BLOCK_SIZE", "FIRST_MOMENTS",
     "FIRST_ORDER_STEPS", "GEOMETRIES", "LINEAR", "SECOND_MOMENTS", "SOURCES", "BasisRotationState",
     "RotationDimensionNumbers", "RotationPiece", "basis_rotation", "eigh_descending", "leaf_bases",
-    "refresh_budget", "scale_by_adam", "scale_by_basis_rotation", "stacked", "stage_aware_refresh",
-    "state_sharding",
+    "refresh_budget", "scale_by_adam", "scale_by_basis_rotation", "stacked", "stage_aware_decay",
+    "stage_aware_refresh", "state_sharding",
 ]

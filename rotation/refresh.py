@@ -1,4 +1,5 @@
-"""Stage-aware basis-refresh budgets (docs/algorithms.md section 3).
+"""Stage-aware budgets: basis-refresh periods (docs/algorithms.md section 3) and statistics
+memories (section 3b) set from each pipeline stage's delay.
 
 The paper gives staler pipeline stages more frequent basis refreshes at the same total budget as a
 uniform period, but does not publish the formula. Ours: with uniform period ``T`` and ``P`` stages
@@ -13,6 +14,14 @@ the budget is ``P / T`` refreshes per step. Each stage gets a weight ``w_k``, it
 
 Rounding to integer periods keeps the total within a few percent of ``P / T``
 (``refresh_budget`` reports it exactly).
+
+``stage_aware_decay`` is this project's own rule, beyond the paper (which spends refresh *budget* by
+delay): it ties the *memory* of the ``L``, ``R`` statistics to the delay. A decay ``beta`` averages
+over about ``M = 1 / (1 - beta)`` steps; stage k gets ``M_k = max(min_memory, M / (1 + tau_k))``,
+so the undelayed stage keeps the base memory and a stage ``tau_k`` updates behind forgets
+``1 + tau_k`` times faster, tracking a moving eigenbasis with less lag (the estimation-lag
+hypothesis of docs/study.md). The rule was fixed a priori (the simplest inverse-delay form, no
+constant fitted to any run) before its comparison runs.
 """
 
 from __future__ import annotations
@@ -54,3 +63,27 @@ def stage_aware_refresh(delays: Sequence[int], refresh_every: int = 10,
 def refresh_budget(periods: Sequence[int]) -> float:
   """Refreshes per step summed over stages (``sum_k 1 / T_k``)."""
   return sum(1.0 / p for p in periods)
+
+
+def stage_aware_decay(delays: Sequence[int], shampoo_beta: float = 0.999,
+                      min_memory: float = 10.0) -> tuple[float, ...]:
+  """Per-stage decays of the ``L``, ``R`` statistics from the stages' delays (module docstring).
+
+  Args:
+    delays: per-stage delays ``tau_k >= 0`` (for example ``pipeline_sim.stage_delays(P)``).
+    shampoo_beta: the base decay in (0, 1), an undelayed stage's; its memory is ``1 / (1 - beta)``.
+    min_memory: the shortest memory in steps (>= 1; default 10, one default refresh period).
+
+  Returns:
+    One decay per stage, ``1 - (1 + tau_k) / M`` with ``M = 1 / (1 - shampoo_beta)``, no shorter
+    than ``min_memory`` steps (and never longer than the base).
+  """
+  if isinstance(shampoo_beta, bool) or not isinstance(shampoo_beta, (int, float)) or not 0 < shampoo_beta < 1:
+    raise ValueError(f"shampoo_beta must be a number in (0, 1), got {shampoo_beta!r}")
+  base = 1.0 / (1.0 - shampoo_beta)
+  if not isinstance(min_memory, (int, float)) or isinstance(min_memory, bool) or not 1 <= min_memory:
+    raise ValueError(f"min_memory must be a number >= 1 (steps), got {min_memory!r}")
+  delays = [int(d) for d in delays]
+  if not delays or min(delays) < 0:
+    raise ValueError(f"delays must be a non-empty sequence of ints >= 0, got {delays}")
+  return tuple(1.0 - 1.0 / min(base, max(min_memory, base / (1 + d))) for d in delays)

@@ -107,3 +107,19 @@ def test_the_study_rotation_keeps_its_numbers_through_the_library_rewrite():
   assert sorted(old.files) == sorted(new)
   for k in new:
     np.testing.assert_allclose(new[k], old[k], rtol=0, atol=1e-5, err_msg=k)
+
+
+def test_rotation_stage_decay_gives_each_stage_the_memory_of_its_delay():
+  def stat(method, k, **kw):  # after one step from zero the left statistic is (1 - beta) G G^T
+    _, state = _first_update(method, k, **kw)
+    groups = [x for x in jax.tree.leaves(state, is_leaf=lambda x: hasattr(x, "stat_left"))
+              if hasattr(x, "stat_left")]
+    return np.asarray(groups[0].stat_left[0])
+  g = np.full((4, 3), 0.01)
+  g[0, 0] = 0.02
+  for k, tau in enumerate((3, 2, 1, 0)):  # P = 4 under 1F1B: stage k lags P - 1 - k
+    beta = 1 - (1 + tau) / 1000  # base memory 1,000 steps (b2 = 0.999) over 1 + tau
+    np.testing.assert_allclose(stat("rotation-stage-decay", k), (1 - beta) * g @ g.T, rtol=1e-4)
+  # from the run's shampoo_beta 0.95 as the base: memory 20 / (1 + 3) = 5 steps, floored at 10 (0.9)
+  np.testing.assert_allclose(stat("rotation-stage-decay", 0, shampoo_beta=0.95), (1 - 0.9) * g @ g.T,
+                             rtol=1e-4)

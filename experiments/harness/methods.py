@@ -29,6 +29,9 @@ class Method:
     freeze_after: last step with a basis refresh (``None``: all run long): a frozen eigenbasis.
     stage_lr: rotation with PipeDream-LR's (PipeMare's) per-stage learning-rate correction.
     stage_b1: Nesterov with per-stage momentum ``b1_k = 0.9 + tau_k (0.99 - 0.9) / P``.
+    memory: ``uniform`` (every stage's statistics decay the run's ``shampoo_beta``, default ``b2``)
+      or ``stage`` (``rotation.stage_aware_decay`` of the stages' delays from that base: a
+      staleness-aware statistics memory).
   """
 
   kind: str
@@ -41,6 +44,7 @@ class Method:
   freeze_after: int | None = None
   stage_lr: bool = False
   stage_b1: bool = False
+  memory: str = "uniform"
 
 
 METHODS = {
@@ -56,6 +60,8 @@ METHODS = {
     "rotation-sa": Method("rotation", allocation="proportional"),
     "rotation-sa-reverse": Method("rotation", allocation="reverse"),
     "rotation-T100": Method("rotation", refresh_every=100),
+    # Beyond the paper: each stage's statistics memory shortened by its delay (base memory / (1 + tau_k)).
+    "rotation-stage-decay": Method("rotation", memory="stage"),
     # Basis ablations (issue: the mechanism): Adam in a random fixed basis, and the eigenbasis
     # estimated over the first 100 steps (10 refreshes) and then frozen.
     "rotation-random": Method("rotation", bases="random"),
@@ -139,7 +145,10 @@ def _rotation(s: Stage, k: int):
   periods = rotation.stage_aware_refresh(s.delays, c.refresh_every or m.refresh_every, m.allocation)
   bases = jax.random.fold_in(jax.random.key(c.seed), k) if m.bases == "random" else None
   rate = ps.pipemare_lr_schedule(s.lr, s.delays[k], s.transition) if m.stage_lr else s.lr
-  return rotation.basis_rotation(rate, b1=s.b1(0.9), b2=c.b2, shampoo_beta=c.shampoo_beta,
+  beta = c.shampoo_beta
+  if m.memory == "stage":
+    beta = rotation.stage_aware_decay(s.delays, c.b2 if beta is None else beta)[k]
+  return rotation.basis_rotation(rate, b1=s.b1(0.9), b2=c.b2, shampoo_beta=beta,
                                  weight_decay=c.weight_decay, source=m.source, geometry=m.geometry,
                                  refresh_every=periods[k], first_order_step=m.first_order_step,
                                  weight_dimension_numbers=model_lib.rotation_dims,
