@@ -1,0 +1,200 @@
+"""``python -m experiments.studies.lr_grid SOURCE [SOURCE ...] --out DIR``: is the shared rate interior?
+
+docs/protocol.md fixes the rule before the runs: per method, at P = 1 and at the largest P, T = 2,400,
+the peak rates 1e-3, 2e-3, 3e-3, 6e-3 and 1e-2 over seeds 0-1; the optimum is the rate with the
+lowest seed-mean final validation loss; a grid whose optimum is on its edge is widened by factors of
+2 past that edge until the optimum is interior. The shared rate (the preset's 3e-3) stays if it lies
+within one grid step of every method's P = 1 optimum.
+
+Each SOURCE is a folder holding ``curves.json.xz`` (a sweep's ``--finished-only --publish`` folder, a
+published study such as docs/results/cpu, or this study's own ``--out``). Runs are keyed by
+(method, P, rate, seed); runs of another setting than the most common one (a statistics decay, a
+b1, a model) are left out and counted in the report. PipeDream-LR at P = 1 *is* PipeDream (PipeMare's
+correction divides the rate by the delay, and P = 1 has none: ``pipeline_sim.pipemare_lr_schedule``),
+so PipeDream-LR's P = 1 cells read PipeDream's runs.
+
+Writes ``report.md`` (per method and P: the seed-mean final validation loss per rate, the optimum,
+whether it is interior, the rule's verdict on the shared rate), ``lr.png`` and ``summary.json``, and
+the merged runs as ``curves.json.xz`` with the training loss stored as block means of ``BLOCK``
+steps (the grid reads only final validation losses; ``--out`` as the only SOURCE rebuilds it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+
+import numpy as np
+
+from experiments import cli
+from experiments.harness.config import OPTIONAL_FIELDS
+from experiments.report import curves, metrics, plots
+
+SHARED = 3e-3  # the preset's shared peak rate
+BLOCK = 100  # training-loss block mean stored per run
+SAME_AT_P1 = {"pipedream-lr": "pipedream"}  # methods equal to another one at P = 1
+SETTING_FREE = ("method", "stages", "lr", "seed", "tag")  # config fields a grid cell may vary
+
+
+def compact(run: dict) -> dict:
+  """``run`` with its per-step training loss as block means of ``BLOCK`` steps (``curves.read``
+  repeats them back), so a run compacted twice is the same run."""
+  x = np.asarray(run["losses"], np.float64)
+  means = [float(x[i:i + BLOCK].mean()) for i in range(0, len(x), BLOCK)]
+  out = {k: v for k, v in run.items() if k not in ("losses", "loss_every", "num_losses")}
+  return {**out, "losses": [round(m, curves.DECIMALS) if math.isfinite(m) else None for m in means],
+          "loss_every": BLOCK, "num_losses": len(x)}
+
+
+def merged(sources) -> tuple[dict, list]:
+  """``(meta, compacted runs)`` of ``sources``, each run once (the same name must be the same run)."""
+  meta, sweeps, runs = None, [], {}
+  for src in sources:
+    data = curves.read(src)
+    meta = meta or dict(data["meta"])
+    sweeps += [c for c in data["meta"].get("sweeps", [data["meta"].get("command")]) if c not in sweeps]
+    for r in data["runs"]:
+      r = json.loads(json.dumps(compact(r)))  # inf -> None as written
+      held = runs.setdefault(r["name"], r)
+      if held["losses"] != r["losses"] or held["config"] != r["config"]:
+        raise ValueError(f"run {r['name']!r} differs between the sources: rerun or drop one of them")
+  if meta is None:
+    raise ValueError("no SOURCE given")
+  return {**meta, "sweeps": sweeps}, list(runs.values())
+
+
+def _setting(config: dict) -> str:
+  """What a grid cell may not vary, as a comparable key: options recorded after a run was trained
+  read as their "not used" value, and P = 1 is one run under either schedule."""
+  c = {**OPTIONAL_FIELDS, **config}
+  if c["stages"] == 1:
+    c["schedule"] = "1f1b"
+  return json.dumps({k: v for k, v in c.items() if k not in SETTING_FREE}, sort_keys=True)
+
+
+def cells(runs) -> tuple[dict, int]:
+  """``({(method, P): {rate: {seed: final validation loss or None}}}, runs left out)``: the runs of
+  the most common setting, PipeDream-LR's P = 1 read from PipeDream's."""
+  if not runs:
+    return {}, 0
+  settings = [_setting(r["config"]) for r in runs]
+  setting = max(sorted(set(settings)), key=settings.count)
+  grid, left_out = {}, 0
+  for r, mine in zip(runs, settings):
+    c = r["config"]
+    if mine != setting:
+      left_out += 1
+      continue
+    grid.setdefault((c["method"], c["stages"]), {}).setdefault(c["lr"], {})[c["seed"]] = metrics.final_val(r)
+  for method, alias in SAME_AT_P1.items():
+    if (method, 1) not in grid and (alias, 1) in grid and any(m == method for m, _ in grid):
+      grid[(method, 1)] = grid[(alias, 1)]
+  return grid, left_out
+
+
+def row(method: str, stages: int, by_rate: dict, seeds) -> dict:
+  """One (method, P): seed-mean final validation loss per rate over ``seeds`` (a rate missing a seed
+  or holding a diverged run has no mean), the optimum and whether it is interior."""
+  rates = sorted(by_rate)
+  mean = {}
+  for lr in rates:
+    vals = [by_rate[lr].get(s) for s in seeds]
+    mean[lr] = float(np.mean(vals)) if all(v is not None for v in vals) else None
+  done = [lr for lr in rates if mean[lr] is not None]
+  best = min(done, key=lambda lr: mean[lr]) if done else None
+  edge = None if best is None else ("low" if best == rates[0] else "high" if best == rates[-1] else None)
+  return {"method": method, "P": stages, "rates": rates, "mean": [mean[lr] for lr in rates],
+          "per_seed": [[by_rate[lr].get(s) for s in seeds] for lr in rates], "best": best,
+          "interior": best is not None and edge is None, "edge": edge}
+
+
+def shared_rule(rows, shared: float = SHARED) -> dict:
+  """The protocol's rule at P = 1: the shared rate is within one grid step of every method's optimum
+  (``None``: some method's P = 1 optimum is missing or on the grid's edge)."""
+  ones = [r for r in rows if r["P"] == 1]
+  why = {}
+  for r in ones:
+    if r["best"] is None or not r["interior"] or shared not in r["rates"]:
+      why[r["method"]] = None
+      continue
+    steps = abs(r["rates"].index(r["best"]) - r["rates"].index(shared))
+    why[r["method"]] = steps
+  ok = None if not ones or any(v is None for v in why.values()) else all(v <= 1 for v in why.values())
+  return {"shared": shared, "keeps": ok, "grid_steps_to_optimum": why}
+
+
+def study(runs, seeds) -> tuple[list, dict, int]:
+  grid, left_out = cells(runs)
+  rows = [row(m, p, grid[(m, p)], seeds) for m, p in sorted(grid, key=lambda k: (k[1], k[0]))]
+  return rows, shared_rule(rows), left_out
+
+
+def _cell(r, i) -> str:
+  m = r["mean"][i]
+  if m is None:
+    return "-"
+  vals = [v for v in r["per_seed"][i] if v is not None]
+  text = f"{m:.4f} [{min(vals):.4f}, {max(vals):.4f}]"
+  return f"**{text}**" if r["rates"][i] == r["best"] else text
+
+
+def write(rows, rule, left_out, meta, seeds, out: pathlib.Path, command: str) -> dict:
+  out.mkdir(parents=True, exist_ok=True)
+  rates = sorted({lr for r in rows for lr in r["rates"]})
+  lines = ["# Learning-rate grid: is the shared rate interior?", "", f"- made by `{command}`",
+           "- the sweeps: " + "; ".join(f"`{c}`" for c in meta["sweeps"]),
+           f"- seeds {list(seeds)}; per cell the seed-mean final validation loss [min, max] over the seeds "
+           "(bold: the optimum); '-' where a seed's run is missing or diverged",
+           f"- runs of another setting left out: {left_out}", "",
+           "| method | P | " + " | ".join(f"{lr:g}" for lr in rates) + " | optimum | interior? |",
+           "|---|---|" + "---|" * len(rates) + "---|---|"]
+  for r in rows:
+    cells_ = [_cell(r, r["rates"].index(lr)) if lr in r["rates"] else "" for lr in rates]
+    interior = "yes" if r["interior"] else f"no ({r['edge']} edge: widen)" if r["edge"] else "-"
+    best = "-" if r["best"] is None else f"{r['best']:g}"
+    lines.append(f"| {r['method']} | {r['P']} | " + " | ".join(cells_) + f" | {best} | {interior} |")
+  verdict = {True: f"**kept**: {rule['shared']:g} lies within one grid step of every method's P = 1 optimum",
+             False: f"**changed**: {rule['shared']:g} lies more than one grid step from some method's P = 1 "
+                    "optimum (the study reruns at a new shared rate and says so)",
+             None: "**not decided yet**: some method's P = 1 optimum is missing or on the grid's edge"}
+  lines += ["", "The shared rate (docs/protocol.md): " + verdict[rule["keeps"]] + "; grid steps from "
+            "the shared rate to each P = 1 optimum: " + ", ".join(
+                f"{m} {'-' if v is None else v}" for m, v in rule["grid_steps_to_optimum"].items()), "",
+            "![final validation loss per rate](lr.png)", ""]
+  (out / "report.md").write_text("\n".join(lines))
+  lines_ = {f"{r['method']} P = {r['P']}": [(lr, m) for lr, m in zip(r["rates"], r["mean"]) if m is not None]
+            for r in rows}
+  plots.series(lines_, out / "lr.png", "final validation loss per peak learning rate (seed mean)",
+               "peak learning rate", "final validation loss")
+  summary = {"command": command, "sweeps": meta["sweeps"], "seeds": list(seeds), "rows": rows,
+             "shared_rate": rule, "left_out": left_out}
+  (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+  return summary
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m experiments.studies.lr_grid", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("sources", nargs="+", help=f"folders holding {curves.FILE}")
+  parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="the grid's seeds (default 0 1)")
+  parser.add_argument("--out", required=True, help="where to write report.md, lr.png, summary.json and "
+                      f"the merged {curves.FILE}")
+  args = parser.parse_args(argv)
+  meta, runs = merged(args.sources)
+  rows, rule, left_out = study(runs, args.seeds)
+  if not rows:
+    raise ValueError(f"no runs in {args.sources}")
+  out = pathlib.Path(args.out)
+  command = (f"python -m experiments.studies.lr_grid {args.out} --seeds {' '.join(map(str, args.seeds))} "
+             f"--out {args.out}")  # rebuilds from --out alone
+  summary = write(rows, rule, left_out, meta, args.seeds, out, command)
+  curves.write(out / curves.FILE, meta, runs)
+  print(f"wrote {out / 'report.md'}: shared rate kept: {rule['keeps']}; optima " + "; ".join(
+      f"{r['method']} P={r['P']}: {r['best']}" for r in rows))
+  return summary
+
+
+if __name__ == "__main__":
+  cli.exit_process(cli.run(main))
