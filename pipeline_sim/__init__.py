@@ -1,5 +1,5 @@
 """Asynchronous pipeline parallelism (PipeDream 1F1B and PipeDream-2BW), emulated and across devices,
-and the paper's baselines."""
+the paper's baselines and the field's staleness remedies (weight prediction, delay compensation)."""
 
 from pipeline_sim.baselines import (
     nesterov,
@@ -28,12 +28,13 @@ from pipeline_sim.devices import (
 )
 from pipeline_sim.driver import MODES, Pipeline, PipelineState
 from pipeline_sim.gradients import OtherStageError, Staged, no_stashing_value_and_grad
+from pipeline_sim.remedies import DelayCompensationState, dc_asgd
 from pipeline_sim.sharding import data_mesh, fsdp, replicate, shard_batches
 
 __all__ = [
-    "DEVICE_MODES", "SCHEDULES", "DevicePipeline", "DevicePipelineState", "MODES", "Pipeline",
-    "OtherStageError", "PipelineState", "TwoVersions",
-    "Staged", "check_labels", "data_mesh", "fsdp", "leaf_delays", "merge_stages", "nesterov",
+    "DEVICE_MODES", "SCHEDULES", "DelayCompensationState", "DevicePipeline", "DevicePipelineState",
+    "MODES", "Pipeline", "OtherStageError", "PipelineState", "TwoVersions",
+    "Staged", "check_labels", "data_mesh", "dc_asgd", "fsdp", "leaf_delays", "merge_stages", "nesterov",
     "nesterov_stage_b1", "no_stashing_value_and_grad", "num_stages_of", "per_stage", "pipedream",
     "pipedream_lr", "pipeline_mesh", "pipemare_lr_schedule", "replicate", "scale_by_nadam_torch",
     "shard_batches", "split_stages", "stage_delays"

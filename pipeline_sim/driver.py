@@ -20,6 +20,20 @@ can do. One step ``i`` per micro-batch:
   optimizer state is untouched.
 - ``"no_stashing"``: stale forward, backward at the current weights (needs ``Staged``).
 
+Two of the field's staleness remedies ride on the stash (docs/algorithms.md, "remedies"):
+
+- **weight prediction** (``predict=s``; SpecTrain, Chen et al. 2018; PipeMare, Yang et al. 2021):
+  stage k's forward and backward of micro-batch ``i`` run at
+  ``W_hat = W_k(i - tau_k) + s_k * tau_k * (W_k(i - tau_k) - W_k(i - tau_k - 1))``, the stashed
+  version extrapolated ``tau_k`` steps along the last update the stage had applied when it stashed
+  it (``w - tau * s * delta`` with ``delta`` the last step taken downhill); the ring then holds one
+  version more per stage. ``s = 0`` is weight stashing exactly.
+- **delay compensation** (``pipeline_sim.dc_asgd``): every optimizer update receives the weights its
+  gradient was computed at as the extra argument ``stale_params`` (optax's extra-args convention;
+  transformations that take none ignore it): the stashed or predicted weights, under no stashing
+  the forward's. ``stale_gradients`` passes none (its FIFO keeps gradients, not weights), so a
+  ``dc_asgd`` there is refused when the step is traced.
+
 Memory: the rings hold ``sum_k (tau_k + 1) * |stage k|`` elements (weights for the stashing modes,
 gradients for ``stale_gradients``), beside the current parameters and optimizer states.
 """
@@ -79,6 +93,10 @@ class Pipeline:
       forward and backward always see one version, so there is no 2BW without stashing, and a
       gradient FIFO at the current weights would apply batch t's gradient at update t + 1).
 
+    predict: weight prediction's scale ``s`` (module docstring), one float for every stage or a
+      sequence of P; ``None`` (the default) stashes without prediction. Mode ``"weight_stashing"``
+      only (1F1B or 2BW), every scale finite and ``>= 0``.
+
   ``run(state, batches)`` is jit-compiled and *consumes* ``state`` (its buffers are donated, so that
   the pipeline is updated in place): use the state it returns, never the one passed in (a consumed
   one is refused with a ``ValueError``).
@@ -87,7 +105,8 @@ class Pipeline:
   def __init__(self, loss_fn: Callable | None,
                optimizer: optax.GradientTransformation | Sequence[optax.GradientTransformation],
                labels, mode: str = "weight_stashing", staged: Staged | None = None,
-               grad_norms: bool = False, merged: bool = False, schedule: str = "1f1b"):
+               grad_norms: bool = False, merged: bool = False, schedule: str = "1f1b",
+               predict: float | Sequence[float] | None = None):
     if mode not in MODES:
       raise ValueError(f"unknown pipeline mode {mode!r}; choose from {MODES}")
     num_stages = num_stages_of(labels)
@@ -111,6 +130,9 @@ class Pipeline:
                        f"optimizer and mode 'weight_stashing' or 'no_stashing' (got mode {mode!r}"
                        f"{'' if single else f' and {len(optimizer)} optimizers'})")
     self.merged = merged
+    self.predict = _prediction_scales(predict, num_stages, mode)
+    # ring depth per stage: tau_k + 1 versions, one more for prediction's previous version
+    self._depths = tuple(tau + 1 + (self.predict is not None) for tau in self.delays)
     self.loss_fn, self.labels, self.num_stages = loss_fn, labels, num_stages
     self.mode, self.staged, self.grad_norms = mode, staged, grad_norms
     self.run = rb.Consuming(self._run, "Pipeline.run")
@@ -135,26 +157,44 @@ class Pipeline:
       opt_states = tuple(opt.init(p) for opt, p in zip(self.optimizers, parts))
     if self.mode == "stale_gradients":
       parts = [jax.tree.map(jnp.zeros_like, p) for p in parts]
-    buffers = tuple(rb.ring_init(p, tau + 1) for p, tau in zip(parts, self.delays))
+    buffers = tuple(rb.ring_init(p, depth) for p, depth in zip(parts, self._depths))
     # Copies (never the caller's arrays forwarded), so donating the state never deletes them.
     return PipelineState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.copy, params), opt_states, buffers)
 
   def buffer_bytes(self, state: PipelineState) -> int:
     return rb.tree_bytes(state.buffers)
 
-  def _apply(self, k, grads, params, opt_state):
-    updates, opt_state = self.optimizers[k].update(grads, opt_state, params)
+  def _apply(self, k, grads, params, opt_state, stale=None):
+    extra = {} if stale is None else {"stale_params": stale}
+    updates, opt_state = optax.with_extra_args_support(self.optimizers[k]).update(
+        grads, opt_state, params, **extra)
     return optax.apply_updates(params, updates), opt_state
 
+  def _stashed(self, state: PipelineState) -> list:
+    """Per stage, the weights micro-batch ``state.step`` computes at: ``W_k(i - tau_k)`` from the
+    ring, extrapolated when predicting (``W(j)`` lives in slot ``j % depth``; the ring starts full of
+    ``W(0)``, so versions before 0 read as ``W(0)`` and the first prediction moves nothing)."""
+    i = state.step
+    out = []
+    for k, (buf, tau, depth) in enumerate(zip(state.buffers, self.delays, self._depths)):
+      w = rb.ring_read(buf, (i - tau) % depth)
+      if self.predict is not None and tau > 0:
+        prev = rb.ring_read(buf, (i - tau - 1) % depth)
+        c = self.predict[k] * tau
+        w = jax.tree.map(lambda a, b: (a + c * (a - b)).astype(a.dtype), w, prev)
+      out.append(w)
+    return out
+
   def _stale_gradients(self, state: PipelineState, batch):
-    """(loss, per-stage gradients) of the step's micro-batch as the pipeline computes them: at the
-    stashed weights (weight stashing), or stale forward and current backward (no stashing)."""
-    slots = [(state.step + 1) % (tau + 1) for tau in self.delays]
-    stale_parts = [rb.ring_read(b, s) for b, s in zip(state.buffers, slots)]
+    """(loss, per-stage gradients, per-stage stale weights) of the step's micro-batch as the
+    pipeline computes them: at the stashed (or predicted) weights (weight stashing), or stale
+    forward and current backward (no stashing; the stale weights are then the forward's)."""
+    stale_parts = self._stashed(state)
     if self.mode == "weight_stashing":
       loss, grads = jax.value_and_grad(self.loss_fn)(merge_stages(stale_parts, self.labels), batch)
-      return loss, self._split(grads)
-    return no_stashing_value_and_grad(self.staged, stale_parts, self._split(state.params), batch)
+      return loss, self._split(grads), stale_parts
+    loss, grads = no_stashing_value_and_grad(self.staged, stale_parts, self._split(state.params), batch)
+    return loss, grads, stale_parts
 
   def _updates(self, grad_parts, state: PipelineState):
     """Per-stage updates the optimizers would apply for ``grad_parts`` from ``state`` (discarded)."""
@@ -198,7 +238,7 @@ class Pipeline:
       return jnp.vdot(a, b) / jnp.maximum(jnp.linalg.norm(a) * jnp.linalg.norm(b), 1e-30)
 
     def one(st, batch):
-      _, stale = self._stale_gradients(st, batch)
+      _, stale, _ = self._stale_gradients(st, batch)
       fresh = self._split(jax.grad(self.loss_fn)(st.params, batch))
       u_stale, u_fresh = self._updates(stale, st), self._updates(fresh, st)
       u_zero = self._updates([jax.tree.map(jnp.zeros_like, g) for g in fresh], st)
@@ -229,7 +269,7 @@ class Pipeline:
     ``grad_norms``: ``(loss, global gradient norm)``)."""
     i = state.step
     parts = self._split(state.params)
-    slots = [(i + 1) % (tau + 1) for tau in self.delays]  # W(i - tau) and g(i - tau) live here
+    slots = [(i + 1) % depth for depth in self._depths]  # W(i + 1) and g(i - tau) go here
     new_parts, new_opt, new_buffers = [], [], []
     if self.mode == "stale_gradients":
       loss, grads = jax.value_and_grad(self.loss_fn)(state.params, batch)
@@ -244,14 +284,14 @@ class Pipeline:
           p, s = jax.lax.cond(i >= tau, update, lambda p, s: (p, s), parts[k], state.opt_states[k])
         new_parts.append(p), new_opt.append(s), new_buffers.append(fifo)
     else:
-      loss, grad_parts = self._stale_gradients(state, batch)
+      loss, grad_parts, at = self._stale_gradients(state, batch)
       if self.merged:
         params, s = self._apply(0, merge_stages(grad_parts, self.labels), state.params,
-                                state.opt_states[0])
+                                state.opt_states[0], merge_stages(at, self.labels))
         new_parts, new_opt = self._split(params), [s]
       else:
         for k, g in enumerate(grad_parts):
-          p, s = self._apply(k, g, parts[k], state.opt_states[k])
+          p, s = self._apply(k, g, parts[k], state.opt_states[k], at[k])
           new_parts.append(p), new_opt.append(s)
       new_buffers = [rb.ring_write(b, slot, p)  # W(i + 1)
                      for b, slot, p in zip(state.buffers, slots, new_parts)]
@@ -261,3 +301,20 @@ class Pipeline:
 
   def _run(self, state: PipelineState, batches):
     return jax.lax.scan(self.step, state, batches)
+
+
+def _prediction_scales(predict, num_stages: int, mode: str) -> tuple[float, ...] | None:
+  """``predict`` as P floats (``None`` stays ``None``), refused by name when it cannot mean a scale."""
+  if predict is None:
+    return None
+  if mode != "weight_stashing":
+    raise ValueError(f"weight prediction (predict={predict!r}) extrapolates the stashed weights: it needs "
+                     f"mode 'weight_stashing', got mode {mode!r}")
+  scales = [predict] * num_stages if np.ndim(predict) == 0 else list(predict)
+  if len(scales) != num_stages:
+    raise ValueError(f"predict has {len(scales)} scales for {num_stages} stages: give one, or one per stage")
+  for s in scales:
+    if isinstance(s, bool) or not isinstance(s, (int, float, np.floating, np.integer)) or not np.isfinite(s) \
+        or s < 0:
+      raise ValueError(f"predict scales must be finite numbers >= 0, got {s!r} in predict={predict!r}")
+  return tuple(float(s) for s in scales)
