@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.harness import methods
+from experiments.harness import model as model_lib
 from experiments.harness.runs import RunConfig
 
 P = 4
@@ -123,3 +124,49 @@ def test_rotation_stage_decay_gives_each_stage_the_memory_of_its_delay():
   # from the run's shampoo_beta 0.95 as the base: memory 20 / (1 + 3) = 5 steps, floored at 10 (0.9)
   np.testing.assert_allclose(stat("rotation-stage-decay", 0, shampoo_beta=0.95), (1 - 0.9) * g @ g.T,
                              rtol=1e-4)
+
+
+def test_remedy_methods_are_listed_refused_where_they_cannot_run_and_named_by_their_setting():
+  for base in methods.REMEDY_BASES:
+    for remedy in methods.REMEDIES:
+      m = methods.check_method(f"{base}+{remedy}")
+      assert m.remedy == remedy and dataclasses.replace(m, remedy=None) == methods.METHODS[base]
+  ok = RunConfig(method="pipedream+predict", stages=P, predict_scale=0.5)
+  ok.validate()
+  assert "-ps0.5_" in ok.name and "-ps" not in RunConfig(method="pipedream+predict", stages=P).name
+  bad = [(dict(method="pipedream+predict", execution="devices"), "emulated pipeline only"),
+         (dict(method="muon+dc", mode="stale_gradients"), "cannot mean mode 'stale_gradients'"),
+         (dict(method="rotation+predict", mode="no_stashing"), "cannot mean mode 'no_stashing'"),
+         (dict(method="pipedream", predict_scale=1.0), r"predict_scale=1.0 needs a '\+predict' method"),
+         (dict(method="pipedream+dc", dc_lambda=-1.0), r"dc_lambda=-1.0 needs .* finite value >= 0"),
+         (dict(method="pipedream+dc", predict_scale=1.0), r"predict_scale=1.0 needs a '\+predict'")]
+  for kw, match in bad:
+    with pytest.raises(ValueError, match=match):
+      RunConfig(stages=P, **kw).validate()
+
+
+def test_remedy_methods_wire_the_pipelines_prediction_and_wrap_each_stage_in_dc_asgd():
+  import pipeline_sim as ps
+  from experiments.harness import runs
+
+  def pipe(method, **kw):
+    config = RunConfig(method=method, stages=P, model="cpu-tiny", **kw)
+    cfg = config.model_config(256)
+    graphdef, params = model_lib.init(cfg, seed=0)
+    return runs.pipeline_of(config, cfg, graphdef, params), params
+
+  assert pipe("pipedream")[0].predict is None
+  assert pipe("rotation+predict")[0].predict == (methods.PREDICT_SCALE,) * P
+  assert pipe("muon+predict", predict_scale=0.25)[0].predict == (0.25,) * P
+  p, params = pipe("pipedream+dc", dc_lambda=0.5)
+  kinds = {type(x).__name__ for s in jax.eval_shape(lambda: p.init(params)).opt_states
+           for x in jax.tree.leaves(s, is_leaf=lambda x: isinstance(x, ps.DelayCompensationState))}
+  assert kinds == {"DelayCompensationState"}  # every stage's optimizer is wrapped
+  # lambda reaches the wrapper: 0.5 + 50 * 0.25 * (1 - 2) < 0 turns the step around
+  config = RunConfig(method="pipedream+dc", stages=P, steps=100, lr=1e-2, warmup_steps=0)
+  w = {"k": jnp.ones((3, 3))}
+  g = {"k": jnp.full((3, 3), 0.5)}
+  def update(lam):
+    opt = methods.stage_optimizers(dataclasses.replace(config, dc_lambda=lam))[0]
+    return opt.update(g, opt.init(w), w, stale_params={"k": jnp.full((3, 3), 2.0)})[0]["k"]
+  assert np.all(np.sign(update(0.0)) == -np.sign(update(50.0)))  # Adam's first step: the sign flips

@@ -108,6 +108,8 @@ class RunConfig:
   b2: float = 0.999
   b1: float | None = None
   shampoo_beta: float | None = None
+  predict_scale: float | None = None
+  dc_lambda: float | None = None
   moe_loss_weight: float = 0.01
   refresh_every: int | None = None
   dtype: str = "float32"
@@ -136,6 +138,8 @@ class RunConfig:
     blocks += f"-b2_{self.b2:g}" if self.b2 != 0.999 else ""
     blocks += f"-b1_{self.b1:g}" if self.b1 is not None else ""
     blocks += f"-sb{self.shampoo_beta:g}" if self.shampoo_beta is not None else ""
+    blocks += f"-ps{self.predict_scale:g}" if self.predict_scale is not None else ""
+    blocks += f"-dc{self.dc_lambda:g}" if self.dc_lambda is not None else ""
     blocks += f"-diag{self.diagnose_every}" if self.diagnose_every else ""
     blocks += "-remat" if self.remat else ""
     blocks += f"-lc{self.loss_chunk}" if self.loss_chunk else ""
@@ -153,7 +157,19 @@ class RunConfig:
 
   def validate(self) -> None:
     """Every check that can fail before training starts."""
-    methods.check_method(self.method)
+    method = methods.check_method(self.method)
+    if method.remedy is not None:
+      if self.execution != "emulated":
+        raise ValueError(f"method {self.method!r} (a staleness remedy) runs in the emulated pipeline only, "
+                         f"got execution {self.execution!r}")
+      if self.mode == "stale_gradients" or (method.remedy == "predict" and self.mode != "weight_stashing"):
+        raise ValueError(f"method {self.method!r} cannot mean mode {self.mode!r}: weight prediction needs "
+                         "'weight_stashing', delay compensation 'weight_stashing' or 'no_stashing'")
+    for name, remedy in (("predict_scale", "predict"), ("dc_lambda", "dc")):
+      value = getattr(self, name)
+      if value is not None and (method.remedy != remedy or not (value >= 0 and value != float("inf"))):
+        raise ValueError(f"{name}={value!r} needs a '+{remedy}' method and a finite value >= 0 "
+                         f"(method {self.method!r})")
     if self.model not in model_lib.CONFIGS:
       raise ValueError(f"unknown model {self.model!r}; choose from {sorted(model_lib.CONFIGS)}")
     if self.mode not in ps.MODES:
@@ -224,7 +240,7 @@ class RunConfig:
 OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False, "warmup_steps": None,
                    "b2": 0.999, "diagnose_every": None, "diagnose_steps": 16, "width": None,
                    "remat": None, "loss_chunk": None, "schedule": "1f1b",
-                   "b1": None, "shampoo_beta": None}
+                   "b1": None, "shampoo_beta": None, "predict_scale": None, "dc_lambda": None}
 
 
 # The model's numerics, part of every run's identity: 1 for runs made with the model's own einsum

@@ -32,6 +32,9 @@ class Method:
     memory: ``uniform`` (every stage's statistics decay the run's ``shampoo_beta``, default ``b2``)
       or ``stage`` (``rotation.stage_aware_decay`` of the stages' delays from that base: a
       staleness-aware statistics memory).
+    remedy: ``None``, ``predict`` (weight prediction, ``Pipeline(predict=...)`` at the run's
+      ``predict_scale``) or ``dc`` (``pipeline_sim.dc_asgd`` around the optimizer at the run's
+      ``dc_lambda``, adaptive form): the field's staleness remedies on top of the method.
   """
 
   kind: str
@@ -45,6 +48,7 @@ class Method:
   stage_lr: bool = False
   stage_b1: bool = False
   memory: str = "uniform"
+  remedy: str | None = None
 
 
 METHODS = {
@@ -76,6 +80,15 @@ METHODS = {
 }
 
 
+# The field's staleness remedies on the optimizers the remedies study compares: "<method>+predict"
+# (weight prediction) and "<method>+dc" (delay compensation); emulated pipelines only.
+REMEDIES = ("predict", "dc")
+REMEDY_BASES = ("pipedream", "muon", "rotation")
+METHODS.update({f"{base}+{remedy}": dataclasses.replace(METHODS[base], remedy=remedy)
+                for base in REMEDY_BASES for remedy in REMEDIES})
+PREDICT_SCALE = 1.0  # default predict_scale: extrapolate over the whole delay at the last step's rate
+DC_LAMBDA, DC_DECAY = 1.0, 0.95  # default dc_lambda; the adaptive form's mean-square decay (the paper's)
+
 BASELINES = ("pipedream", "pipedream-lr", "nesterov")  # the asynchronous baselines of the study
 VARIANTS = ("rotation", "rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni")  # the 2 x 2 taxonomy
 ALLOCATIONS = ("rotation", "rotation-sa", "rotation-sa-reverse")  # uniform, proportional, reverse refresh
@@ -95,7 +108,19 @@ def stage_optimizers(config) -> list[optax.GradientTransformation]:
   method = check_method(config.method)
   stage = Stage(config, method, learning_rates.warmup_cosine(config),
                 ps.stage_delays(config.stages, config.schedule))
-  return ps.per_stage(lambda k: BUILDERS[method.kind](stage, k), config.stages, clip_norm=config.clip_norm)
+  build = BUILDERS[method.kind]
+  if method.remedy == "dc":
+    lam = DC_LAMBDA if config.dc_lambda is None else config.dc_lambda
+    return ps.per_stage(lambda k: ps.dc_asgd(build(stage, k), lam, DC_DECAY), config.stages,
+                        clip_norm=config.clip_norm)
+  return ps.per_stage(lambda k: build(stage, k), config.stages, clip_norm=config.clip_norm)
+
+
+def predict_scale(config) -> float | None:
+  """The ``Pipeline(predict=...)`` scale of a run: ``None`` unless its method predicts."""
+  if check_method(config.method).remedy != "predict":
+    return None
+  return PREDICT_SCALE if config.predict_scale is None else config.predict_scale
 
 
 @dataclasses.dataclass(frozen=True)

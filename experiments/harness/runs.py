@@ -56,7 +56,7 @@ def pipeline_of(config: RunConfig, cfg, graphdef, params) -> ps.Pipeline:
   loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
   return ps.Pipeline(loss_fn, methods.stage_optimizers(config), model_lib.stage_labels(params, config.stages),
                      mode=config.mode, staged=_staged(config, cfg) if config.mode == "no_stashing" else None,
-                     grad_norms=True, schedule=config.schedule)
+                     grad_norms=True, schedule=config.schedule, predict=methods.predict_scale(config))
 
 
 def build(config: RunConfig, ds: Dataset, devices=None):

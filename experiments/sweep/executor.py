@@ -77,6 +77,10 @@ def parse_args(argv=None):
                       "rotation's L, R statistics follow it)")
   parser.add_argument("--shampoo-beta", type=float, help="decay of rotation's L, R statistics, for "
                       "the rotation methods of the sweep only (default: b2); the estimation-lag study")
+  parser.add_argument("--predict-scale", type=float, help="weight prediction's scale s for the "
+                      "'+predict' methods of the sweep (default 1.0: extrapolate over the whole delay)")
+  parser.add_argument("--dc-lambda", type=float, help="delay compensation's lambda for the '+dc' "
+                      "methods of the sweep (default 1.0, adaptive form)")
   parser.add_argument("--b1", type=float, help="first-moment (momentum) decay of every method "
                       "(default: each method's own: 0.9; Nesterov 0.99; Muon 0.95)")
   parser.add_argument("--dtype", choices=model_lib.DTYPES, help="activations and matmuls (default "
@@ -280,6 +284,11 @@ def make_plan(args) -> Plan:
       kw.setdefault("mode", args.mode)
       if args.shampoo_beta is not None and methods_lib.check_method(method).kind == "rotation":
         kw.setdefault("shampoo_beta", args.shampoo_beta)  # baselines keep their names (and runs)
+      remedy = methods_lib.check_method(method).remedy
+      if args.predict_scale is not None and remedy == "predict":
+        kw.setdefault("predict_scale", args.predict_scale)
+      if args.dc_lambda is not None and remedy == "dc":
+        kw.setdefault("dc_lambda", args.dc_lambda)
       c = preset.config(method, p, seed, **kw)
       c.validate()
       return c
