@@ -1,6 +1,7 @@
 """The README and docs/recipes.md stay true: each snippet and recipe runs on its own as pasted and
 does what its text says, the commands exist, CI runs the README's test command."""
 
+import json
 import pathlib
 import re
 import runpy
@@ -126,6 +127,39 @@ def test_every_relative_link_resolves():
 def test_the_readme_is_a_front_door():
   assert len(README.splitlines()) <= 250
   assert sum(p.stat().st_size for p in (ROOT / "docs" / "results").rglob("*") if p.is_file()) < 2 * 2**20
+
+
+def _summary_numbers() -> list[float]:
+  found = []
+
+  def walk(x):
+    if isinstance(x, dict):
+      for v in x.values():
+        walk(v)
+    elif isinstance(x, list):
+      for v in x:
+        walk(v)
+    elif isinstance(x, (int, float)) and not isinstance(x, bool):
+      found.append(float(x))
+
+  for path in (ROOT / "docs" / "results").glob("*/summary.json"):
+    walk(json.loads(path.read_text()))
+  return found
+
+
+def test_every_decimal_of_the_readmes_answer_is_in_a_committed_summary():
+  answer = README[README.index("**Does basis rotation"):README.index("<!-- generated from")]
+  numbers = np.asarray(_summary_numbers())
+  checked = 0
+  for m in re.finditer(r"(?<![\w.])(\d+\.\d+)(%?)", answer):
+    text, percent = m.group(1), m.group(2)
+    value, decimals = float(text), len(text.split(".")[1])
+    hits = np.round(numbers, decimals) == value
+    if percent:  # a percentage may be stored as a fraction
+      hits |= np.round(numbers * 100, decimals) == value
+    assert hits.any(), f"README's answer quotes {text}{percent}, which no docs/results/*/summary.json holds"
+    checked += 1
+  assert checked >= 8
 
 
 def test_attention_and_scanned_stack_recipe_rotates_each_layer_as_the_paper_does():
