@@ -44,7 +44,7 @@ def test_checkpoint_lag_motion_noise_and_coordinates():
                                    previous={0: eye})
   assert values[1]["lag"] == pytest.approx(coords) and values[1]["motion"] == pytest.approx(coords)
   assert values[1]["noise"] > 1e-3  # two micro-batches' eigenbasis is not the four's
-  np.testing.assert_allclose(np.abs(eig[0][0]), np.abs(exact[0]))
+  np.testing.assert_allclose(np.abs(eig[0][0]), np.abs(exact[0]), rtol=1e-5)  # exact: float32 stats
 
 
 def test_summary_averages_past_the_burn_in():
