@@ -15,6 +15,7 @@ from rotation.transform import (
     FIRST_MOMENTS,
     FIRST_ORDER_STEPS,
     GEOMETRIES,
+    SECOND_MOMENT_RULES,
     SECOND_MOMENTS,
     SOURCES,
     BasisRotationState,
@@ -27,7 +28,8 @@ from rotation.transform import (
 
 __all__ = [
     "ALLOCATIONS", "ATTENTION_OUT", "ATTENTION_QKV", "DEFAULT_BLOCK_SIZE", "FIRST_MOMENTS",
-    "FIRST_ORDER_STEPS", "GEOMETRIES", "LINEAR", "SECOND_MOMENTS", "SOURCES", "BasisRotationState",
+    "FIRST_ORDER_STEPS", "GEOMETRIES", "LINEAR", "SECOND_MOMENT_RULES", "SECOND_MOMENTS", "SOURCES",
+    "BasisRotationState",
     "RotationDimensionNumbers", "RotationPiece", "basis_rotation", "eigh_descending", "leaf_bases",
     "refresh_budget", "scale_by_adam", "scale_by_basis_rotation", "stacked", "stage_aware_decay",
     "stage_aware_refresh", "state_sharding",

@@ -71,6 +71,7 @@ SOURCES = ("second", "first")
 GEOMETRIES = ("bilateral", "unilateral")
 FIRST_ORDER_STEPS = ("paper", "power")
 FIRST_MOMENTS = ("mu", "trace", "ema")
+SECOND_MOMENT_RULES = ("permute", "rotate")  # how second moments follow a basis change
 SECOND_MOMENTS = ("nu", "nu_max", "sum_of_squares")
 DEFAULT_BLOCK_SIZE = 1024
 
@@ -252,6 +253,7 @@ def scale_by_basis_rotation(
     batch_refresh: bool | None = None,
     bases: Any | None = None,
     freeze_after: int | None = None,
+    second_moments: str = "permute",
 ) -> optax.GradientTransformationExtraArgs:
   """Runs ``inner`` in a rotated (Kronecker-factored) eigenbasis of every selected matrix.
 
@@ -327,6 +329,14 @@ def scale_by_basis_rotation(
       (``jax.random.key(seed)``) draws random orthogonal (Haar) bases for every rotated side.
     freeze_after: ``None`` (refresh for ever) or a step count: no warm refresh after it, so the
       bases estimated by then stay frozen (the statistics are still kept). An ablation.
+    second_moments: how the inner second moments (``SECOND_MOMENTS``) follow a warm refresh.
+      ``"permute"`` (the paper's and SOAP's): only reordered with the basis columns.
+      ``"rotate"``: re-expressed as the variances of a diagonal second moment in the new basis,
+      ``nu_new = (U_new^T U_old)^2 nu_old (V_old^T V_new)^2`` (elementwise squares; the
+      permutation exactly when the bases only reorder). Early in training, when the basis still
+      moves a lot, "permute" leaves first moments (re-expressed exactly) over coordinates whose
+      second moment is near zero, and the step after a refresh can be hundreds of times the
+      learning rate (docs/algorithms.md, "the refresh spike"); "rotate" keeps the two consistent.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is ``BasisRotationState``.
@@ -340,6 +350,8 @@ def scale_by_basis_rotation(
     raise ValueError(f"unknown source {source!r}; choose from {SOURCES}")
   if geometry not in GEOMETRIES:
     raise ValueError(f"unknown geometry {geometry!r}; choose from {GEOMETRIES}")
+  if second_moments not in SECOND_MOMENT_RULES:
+    raise ValueError(f"unknown second_moments {second_moments!r}; choose from {SECOND_MOMENT_RULES}")
   if first_order_step not in FIRST_ORDER_STEPS:
     raise ValueError(f"unknown first_order_step {first_order_step!r}; choose from {FIRST_ORDER_STEPS}")
   if orthonormalization not in eb.ORTHONORMALIZATIONS:
@@ -466,6 +478,14 @@ def scale_by_basis_rotation(
       mu = eb.mm(mu, eb.mm(qr.T, new_r))
     return mu
 
+  def rotate_second(nu, ql, qr, new_l, new_r):
+    """A second moment's variances in the new basis (``second_moments="rotate"``)."""
+    if ql is not None:
+      nu = eb.mm(jnp.square(eb.mm(new_l.T, ql)), nu)
+    if qr is not None:
+      nu = eb.mm(nu, jnp.square(eb.mm(qr.T, new_r)))
+    return nu
+
   def guarded(refresh):
     """``refresh`` (one matrix's ``(g, U, V, L, R, firsts, seconds)`` -> candidate ``(U, V,
     seconds, rotated gradient)``) made safe: the decompositions only ever see finite input, and
@@ -478,6 +498,8 @@ def scale_by_basis_rotation(
       clean = jax.tree.map(lambda x: jnp.where(finite, x, jnp.zeros_like(x)), args)
       new_l, new_r, new_seconds, g_rot = refresh(clean)
       new_firsts = tuple(reexpress(m, ql, qr, new_l, new_r) for m in firsts)
+      if second_moments == "rotate":
+        new_seconds = tuple(rotate_second(v, ql, qr, new_l, new_r) for v in seconds)
       new = (new_l, new_r, new_firsts, new_seconds, g_rot)
       ok = finite & jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x))
                                          for x in jax.tree.leaves((new_l, new_r, new_seconds))]))
@@ -742,6 +764,7 @@ def basis_rotation(
     batch_refresh: bool | None = None,
     bases: Any | None = None,
     freeze_after: int | None = None,
+    second_moments: str = "permute",
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW in a rotated eigenbasis: the paper's optimizer, a drop-in for ``optax.adamw``.
 
@@ -777,6 +800,7 @@ def basis_rotation(
     batch_refresh: batch the refresh of a piece's matrices.
     bases: fixed bases instead of estimated ones.
     freeze_after: last step with a warm refresh (``None``: every period).
+    second_moments: ``"permute"`` or ``"rotate"``; see ``scale_by_basis_rotation``.
 
   Returns:
     The chained ``optax.GradientTransformationExtraArgs``.
@@ -790,7 +814,7 @@ def basis_rotation(
                               precond_dtype=precond_dtype, precision=precision,
                               first_order_step=first_order_step, stagger=stagger,
                               orthonormalization=orthonormalization, batch_refresh=batch_refresh,
-                              bases=bases, freeze_after=freeze_after),
+                              bases=bases, freeze_after=freeze_after, second_moments=second_moments),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
   )

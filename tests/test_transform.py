@@ -17,9 +17,11 @@ B1, B2, EPS, LR, WD = 0.9, 0.999, 1e-8, 1e-2, 0.01
 
 
 def reference(w0, grads, *, source, geometry, period, b1=B1, b2=B2, eps=EPS, lr=LR, wd=WD,
-              first_order_step="paper"):
+              first_order_step="paper", second_moments="permute"):
   """The paper's algorithm (docs/algorithms.md) in float64 NumPy, first moment kept in original
-  coordinates; unilateral geometry rotates the input (left) side of a square Flax kernel."""
+  coordinates; unilateral geometry rotates the input (left) side of a square Flax kernel.
+  ``second_moments="rotate"``: at a warm refresh ``nu <- (U_new^T U_old)^2 nu (V_old^T V_new)^2``
+  instead of the permutations."""
   w = np.array(w0, np.float64)
   m_dim, n_dim = w.shape
   rot_l, rot_r = (True, True) if geometry == "bilateral" else (m_dim <= n_dim, m_dim > n_dim)
@@ -37,6 +39,7 @@ def reference(w0, grads, *, source, geometry, period, b1=B1, b2=B2, eps=EPS, lr=
       stat_l = b2 * stat_l + (1 - b2) * g @ g.T
       stat_r = b2 * stat_r + (1 - b2) * g.T @ g
     if t == 1 or t % period == 0:
+      ql_old, qr_old, nu_old = ql, qr, nu
       look = b1 * mom + (1 - b1) * g
       if t == 1 and source == "second":
         ql = desc_eigh(stat_l) if rot_l else ql
@@ -70,6 +73,8 @@ def reference(w0, grads, *, source, geometry, period, b1=B1, b2=B2, eps=EPS, lr=
           ql = np.linalg.qr(look @ look.T @ ql, mode="complete")[0]
         else:
           qr = np.linalg.qr(look.T @ look @ qr, mode="complete")[0]
+      if second_moments == "rotate" and t > 1:
+        nu = (ql.T @ ql_old) ** 2 @ nu_old @ (qr_old.T @ qr) ** 2
     mom = b1 * mom + (1 - b1) * g
     uq = ql if rot_l else np.eye(m_dim)
     vq = qr if rot_r else np.eye(n_dim)
@@ -121,6 +126,36 @@ def test_matches_numpy_reference(source, geometry, shape, step):
   # The rotation is doing something: plain AdamW differs.
   adamw, _ = run(optax.adamw(LR, B1, B2, EPS, weight_decay=WD), w0, grads)
   assert np.abs(adamw - ref).max() > 1e-3
+
+
+@pytest.mark.parametrize("source,geometry,shape", [
+    ("second", "bilateral", (6, 10)), ("second", "unilateral", (10, 6)), ("first", "bilateral", (10, 6)),
+    ("first", "unilateral", (6, 10))])
+def test_rotated_second_moments_match_the_reference(source, geometry, shape):
+  grads = gradient_sequence(shape, 30, seed=7)
+  w0 = np.random.default_rng(2).normal(size=shape)
+  tx = rotation.basis_rotation(LR, weight_decay=WD, source=source, geometry=geometry, refresh_every=5,
+                               second_moments="rotate")
+  ref = reference(w0, grads, source=source, geometry=geometry, period=5, second_moments="rotate")
+  np.testing.assert_allclose(run(tx, w0, grads)[0], ref, atol=2e-5, rtol=1e-4)
+  permuted = reference(w0, grads, source=source, geometry=geometry, period=5)
+  assert np.abs(permuted - ref).max() > 1e-4  # the two rules are different algorithms
+
+
+def test_rotated_second_moments_keep_the_step_after_an_early_refresh_small():
+  # The refresh spike: one exact SVD step leaves nu on the singular values' diagonal; a refresh at
+  # step 2 re-expresses the first moment densely and, permuted, nu stays near zero elsewhere.
+  rng = np.random.default_rng(3)
+  grads = [rng.normal(size=(8, 8)) for _ in range(2)]
+  step2 = {}
+  for rule in rotation.SECOND_MOMENT_RULES:
+    tx = rotation.basis_rotation(1.0, weight_decay=0.0, refresh_every=2, second_moments=rule)
+    params = {"w": jnp.zeros((8, 8))}
+    state = tx.init(params)
+    for g in grads:
+      u, state = tx.update({"w": jnp.asarray(g, jnp.float32)}, state, params)
+    step2[rule] = float(jnp.max(jnp.abs(u["w"])))
+  assert step2["permute"] > 10 and step2["rotate"] < 3, step2  # times the learning rate (1.0)
 
 
 @pytest.mark.parametrize("source,geometry,shape,step,batch", [
@@ -441,6 +476,7 @@ def test_flax_nnx_optimizer_on_transformer():
 @pytest.mark.parametrize("kwargs,match", [
     ({"source": "third"}, "unknown source 'third'"),
     ({"geometry": "trilateral"}, "unknown geometry 'trilateral'"),
+    ({"second_moments": "shuffle"}, "unknown second_moments 'shuffle'"),
     ({"refresh_every": 0}, "refresh_every.*must be an int >= 1.*got 0"),
     ({"refresh_every": {"w": -2}}, "got -2"),
     ({"eps": -1e-8}, "eps must be >= 0, got -1e-08"),
