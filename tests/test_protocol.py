@@ -7,7 +7,7 @@ import pytest
 
 from experiments.harness import data as data_lib
 from experiments.harness.config import run_name
-from experiments.report import metrics
+from experiments.report import metrics, tables
 from experiments.studies import protocol
 from experiments.sweep import executor as sweep
 from experiments.sweep import presets
@@ -62,7 +62,7 @@ def test_summary_recovers_known_slowdowns_gain_and_plateau_exit():
   exit_1, exit_16 = s["pipedream"]["plateau_1"][0], s["pipedream"]["plateau_top"][0]
   smoothed = metrics.smooth(_curve(1.0), 60)
   assert abs(exit_16 / exit_1 - 4.0) < 0.05 and smoothed[exit_1 - 1] <= 3.0 < smoothed[exit_1 - 2]
-  assert protocol.spread([1.0, 3.0]) == "2.00 [1.00, 3.00]" and protocol.spread([None, 1.0]) == "never"
+  assert tables.spread([1.0, 3.0]) == "2.00 [1.00, 3.00]" and tables.spread([None, 1.0]) == "never"
 
 
 def test_bad_arguments_are_one_line_errors():

@@ -75,16 +75,29 @@ def fmt(x, spec="{:.2f}", none="never"):
   return spec.format(x)
 
 
+def mean_range(mean, lo, hi, seeds: int, spec="{:.2f}", none="never") -> str:
+  """``mean``, or over several seeds ``mean [min, max]``: how every table prints a per-seed value."""
+  text = fmt(mean, spec, none)
+  return text + (f" [{spec.format(lo)}, {spec.format(hi)}]" if seeds > 1 else "")
+
+
+def spread(values, spec="{:.2f}", none="never") -> str:
+  """``mean_range`` of per-seed ``values``; ``none`` if any seed has no value."""
+  if not values or any(v is None for v in values):
+    return none
+  return mean_range(float(np.mean(values)), min(values), max(values), len(values), spec, none)
+
+
 def cell(row, field, spec="{:.2f}", none="never", ci=False):
-  """``mean`` or, over several seeds, ``mean [min, max]`` (``ci``: and the 95% t interval); a
-  value some seeds lack says in how many (``none``, e.g. "never in 1 of 3 seeds")."""
+  """``mean_range`` of an aggregated row's ``field`` (``ci``: and the 95% t interval); a value some
+  seeds lack says in how many (``none``, e.g. "never in 1 of 3 seeds")."""
   if row[field] is None:
     per_seed = row.get(field + "_seeds") or []
     missing = sum(v is None or not np.isfinite(v) for v in per_seed)
     return none + (f" in {missing} of {len(per_seed)} seeds" if 0 < missing < len(per_seed) else "")
-  text = fmt(row[field], spec, none)
+  text = mean_range(row[field], row.get(field + "_lo"), row.get(field + "_hi"), row.get("seeds", 1), spec,
+                    none)
   if row.get("seeds", 1) > 1:
-    text += f" [{spec.format(row[field + '_lo'])}, {spec.format(row[field + '_hi'])}]"
     if ci and row.get(field + "_ci"):
       lo, hi = row[field + "_ci"]
       text += f", CI {spec.format(lo)} to {spec.format(hi)}"

@@ -135,20 +135,13 @@ def summarize(results, top: int, window: int, level: float) -> dict:
   return out
 
 
-def spread(values, spec="{:.2f}") -> str:
-  """``mean [min, max]`` of per-seed values; ``never`` if any seed has none."""
-  if not values or any(v is None for v in values):
-    return "never"
-  text = spec.format(float(np.mean(values)))
-  return text + (f" [{spec.format(min(values))}, {spec.format(max(values))}]" if len(values) > 1 else "")
-
-
 def _table(summaries: dict, methods, top: int, level: float) -> list:
   head = (["setting"] + [f"{m} slowdown" for m in methods] + ["rotation staleness gain"]
           + [f"{m} final at P={top} (P=1)" for m in methods]
           + [f"{m} steps to {level:g} at P={top}" for m in methods])
   lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
   for label, s in summaries.items():
+    spread = tables.spread
     cells = ([spread(s[m]["slowdown_levels"]) if m in s else "" for m in methods]
              + [spread(s["rotation"]["staleness_gain"]) if "rotation" in s else ""]
              + [f"{spread(s[m]['final'], '{:.3f}')} ({spread(s[m]['final_1'], '{:.3f}')})" if m in s else ""
