@@ -54,3 +54,16 @@ def test_summary_averages_past_the_burn_in():
   got = basis_lag.summarise(run)["0"]
   assert got["lag"] == pytest.approx(np.mean([s / 1000 for s in range(300, 1001, 100)]))
   assert got["motion"] == 0.5 and got["noise"] == 0.1 and got["coordinates"] == 0.9
+
+
+def test_the_summary_alone_rebuilds_the_report(tmp_path):
+  points = [{"step": s, "stages": {str(k): {"lag": 0.5 + 0.01 * k, "motion": None if s == 100 else 0.4,
+                                             "noise": 0.2, "coordinates": 0.9} for k in range(2)}}
+            for s in range(100, 501, 100)]
+  measured = [{"decay": d, "config": {"stages": 2, "seed": 0, "steps": 500}, "points": points, "seconds": 1.0}
+              for d in (0.999, 0.9)]
+  first = basis_lag.write(measured, tmp_path, "cmd")
+  report = (tmp_path / "report.md").read_text()
+  assert "| 0.9 | 10 | 1 (0) | 0.510 | 0.400 | 0.200 | 0.900 | 1.27 |" in report
+  again = basis_lag.rebuild(tmp_path)
+  assert again == first and (tmp_path / "report.md").read_text() == report

@@ -154,11 +154,12 @@ def write(measured: list, out: pathlib.Path, command: str) -> dict:
            "weights) and coordinates (Adam's basis).", "",
            "| decay | memory (steps) | stage (tau) | lag | motion | noise | coordinates | lag / motion |",
            "|---|---|---|---|---|---|---|---|"]
-  summary = {"command": command, "runs": []}
+  config = {k: measured[0]["config"][k] for k in ("stages", "seed", "steps")}
+  summary = {"command": command, "config": config, "runs": []}
   for run in measured:
     rows = summarise(run)
-    summary["runs"].append({"decay": run["decay"], "per_stage": rows, "points": run["points"],
-                            "seconds": run["seconds"]})
+    summary["runs"].append({"decay": run["decay"], "per_stage": rows, "points": _packed(run["points"]),
+                            "seconds": round(run["seconds"])})
     for k in sorted(rows, key=int):
       r = rows[k]
       ratio = (f"{r['lag'] / r['motion']:.2f}" if r["lag"] is not None and r["motion"] else "-")
@@ -172,8 +173,30 @@ def write(measured: list, out: pathlib.Path, command: str) -> dict:
                                             summarise(run).items() if v["lag"] is not None]
                 for run in measured}, out / "basis_lag.png",
                "basis lag off(U_used, S_fresh) per stage", "stage delay tau + 1", "off-diagonal fraction")
-  (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+  (out / "summary.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")  # compact
   return summary
+
+
+def _packed(points, digits: int = 4) -> list:
+  """Checkpoints as ``[step, {stage: [lag, motion, noise, coordinates]}]`` (``QUANTITIES``' order,
+  ``digits`` decimals): a summary a tenth the size of the dicts."""
+  r = lambda v: None if v is None else round(v, digits)
+  return [[p["step"], {k: [r(v[q]) for q in QUANTITIES] for k, v in p["stages"].items()}] for p in points]
+
+
+def _unpacked(points) -> list:
+  return [{"step": step, "stages": {k: dict(zip(QUANTITIES, v)) for k, v in stages.items()}}
+          for step, stages in points]
+
+
+def rebuild(out: pathlib.Path) -> dict:
+  """The report, figure and summary again from ``out/summary.json`` (no training)."""
+  old = json.loads((out / "summary.json").read_text())
+  config = old.get("config") or {"stages": 16, "seed": 0, "steps": 2400}  # (the first summary's run)
+  unpack = lambda pts: pts if pts and isinstance(pts[0], dict) else _unpacked(pts)
+  measured = [{"decay": r["decay"], "config": config, "points": unpack(r["points"]), "seconds": r["seconds"]}
+              for r in old["runs"]]
+  return write(measured, out, old["command"])
 
 
 def main(argv=None):
@@ -189,7 +212,13 @@ def main(argv=None):
   parser.add_argument("--every", type=int, default=100, help="steps between checkpoints")
   parser.add_argument("--window", type=int, default=16, help="micro-batches of the fresh statistics")
   parser.add_argument("--out", required=True)
+  parser.add_argument("--rebuild", action="store_true", help="rewrite --out's report, figure and "
+                      "summary from its summary.json, training nothing")
   args = parser.parse_args(argv)
+  if args.rebuild:
+    summary = rebuild(pathlib.Path(args.out))
+    print(f"rebuilt {args.out}/report.md")
+    return summary
   if args.every < 1 or args.window < 2 or args.steps % args.every:
     raise ValueError(f"need every >= 1 dividing steps and window >= 2, got every={args.every}, "
                      f"window={args.window}, steps={args.steps}")
