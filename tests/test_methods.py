@@ -79,8 +79,8 @@ def test_b1_sets_every_methods_momentum_and_none_keeps_its_own():
 
 
 def test_shampoo_beta_sets_the_decay_of_rotations_statistics_only():
-  def stat(**kw):  # after one step from zero the left statistic is (1 - beta) G G^T
-    _, state = _first_update("rotation", 0, **kw)
+  def stat(method="rotation", **kw):  # after one step from zero the left statistic is (1 - beta) G G^T
+    _, state = _first_update(method, 0, **kw)
     groups = [x for x in jax.tree.leaves(state, is_leaf=lambda x: hasattr(x, "stat_left"))
               if hasattr(x, "stat_left")]
     return np.asarray(groups[0].stat_left[0])
@@ -88,6 +88,8 @@ def test_shampoo_beta_sets_the_decay_of_rotations_statistics_only():
   g[0, 0] = 0.02
   np.testing.assert_allclose(stat(), (1 - 0.999) * g @ g.T, rtol=1e-4)  # None: follows b2
   np.testing.assert_allclose(stat(shampoo_beta=0.9), (1 - 0.9) * g @ g.T, rtol=1e-4)
+  np.testing.assert_allclose(stat("rotation-fast"), (1 - 0.95) * g @ g.T, rtol=1e-4)  # its own decay
+  np.testing.assert_allclose(stat("rotation-fast", shampoo_beta=0.9), (1 - 0.9) * g @ g.T, rtol=1e-4)
   with pytest.raises(ValueError, match="method 'pipedream' has none"):
     RunConfig(method="pipedream", shampoo_beta=0.9).validate()
   with pytest.raises(ValueError, match="shampoo_beta must be in"):
