@@ -32,6 +32,7 @@ def test_optimum_edges_the_shared_rule_and_a_rebuild(tmp_path):
   best = {("pipedream", 1): 3e-3, ("pipedream", 16): 1e-3, ("rotation", 1): 6e-3, ("rotation", 16): 2e-3}
   runs = [_run(m, p, lr, s, b) for (m, p), b in best.items() for lr in RATES for s in (0, 1)]
   runs += [_run("pipedream-lr", 16, lr, s, 6e-3) for lr in RATES for s in (0, 1)]
+  runs += [_run("pipedream-lr", 1, 3e-3, s, 3e-3) for s in (0, 1)]  # its own P = 1 at one rate
   runs += [_run("rotation", 1, 3e-3, s, 6e-3, shampoo_beta=0.9) for s in (0, 1)]  # another setting
   half = len(runs) // 2
   a, b = _write(tmp_path / "a", runs[:half], "sweep a"), _write(tmp_path / "b", runs[half - 3:], "sweep b")
@@ -88,3 +89,13 @@ def test_the_same_run_differing_between_sources_is_refused(tmp_path):
   with pytest.raises(ValueError, match="differs between the sources"):
     lr_grid.main([str(_write(tmp_path / "a", [run], "s")), str(_write(tmp_path / "b", [other], "t")),
                   "--out", str(tmp_path / "o")])
+
+
+def test_an_optimum_is_interior_only_between_rates_that_have_a_mean(tmp_path):
+  runs = [_run("nesterov", 1, lr, s, 3e-3) for lr in RATES for s in (0, 1)
+          if not (lr < 3e-3 and s == 1)]  # 1e-3 and 2e-3 still lack seed 1
+  (row,) = lr_grid.main([str(_write(tmp_path / "a", runs, "s")), "--out", str(tmp_path / "o")])["rows"]
+  assert row["best"] == 3e-3 and row["edge"] == "low" and not row["interior"]
+  one = [_run("nesterov", 1, 3e-3, s, 3e-3) for s in (0, 1)]
+  (row,) = lr_grid.main([str(_write(tmp_path / "b", one, "s")), "--out", str(tmp_path / "p")])["rows"]
+  assert row["edge"] == "both" and "no (one rate so far)" in (tmp_path / "p" / "report.md").read_text()

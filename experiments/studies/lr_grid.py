@@ -88,15 +88,17 @@ def cells(runs) -> tuple[dict, int]:
       left_out += 1
       continue
     grid.setdefault((c["method"], c["stages"]), {}).setdefault(c["lr"], {})[c["seed"]] = metrics.final_val(r)
-  for method, alias in SAME_AT_P1.items():
-    if (method, 1) not in grid and (alias, 1) in grid and any(m == method for m, _ in grid):
-      grid[(method, 1)] = grid[(alias, 1)]
+  for method, alias in SAME_AT_P1.items():  # the alias's runs fill (and agree with) the method's own
+    if (alias, 1) in grid and any(m == method for m, _ in grid):
+      own, other = grid.get((method, 1), {}), grid[(alias, 1)]
+      grid[(method, 1)] = {lr: {**own.get(lr, {}), **other.get(lr, {})} for lr in sorted({*own, *other})}
   return grid, left_out
 
 
 def row(method: str, stages: int, by_rate: dict, seeds) -> dict:
   """One (method, P): seed-mean final validation loss per rate over ``seeds`` (a rate missing a seed
-  or holding a diverged run has no mean), the optimum and whether it is interior."""
+  or holding a diverged run has no mean), the optimum and whether it is interior: a rate with a mean
+  on either side of it (``edge``: ``low``, ``high``, or ``both`` while it is the only one)."""
   rates = sorted(by_rate)
   mean = {}
   for lr in rates:
@@ -104,7 +106,8 @@ def row(method: str, stages: int, by_rate: dict, seeds) -> dict:
     mean[lr] = float(np.mean(vals)) if all(v is not None for v in vals) else None
   done = [lr for lr in rates if mean[lr] is not None]
   best = min(done, key=lambda lr: mean[lr]) if done else None
-  edge = None if best is None else ("low" if best == rates[0] else "high" if best == rates[-1] else None)
+  edge = (None if best is None else "both" if len(done) == 1 else "low" if best == done[0]
+          else "high" if best == done[-1] else None)
   return {"method": method, "P": stages, "rates": rates, "mean": [mean[lr] for lr in rates],
           "per_seed": [[by_rate[lr].get(s) for s in seeds] for lr in rates], "best": best,
           "interior": best is not None and edge is None, "edge": edge}
@@ -152,7 +155,8 @@ def write(rows, rule, left_out, meta, seeds, out: pathlib.Path, command: str) ->
            "|---|---|" + "---|" * len(rates) + "---|---|"]
   for r in rows:
     cells_ = [_cell(r, r["rates"].index(lr)) if lr in r["rates"] else "" for lr in rates]
-    interior = "yes" if r["interior"] else f"no ({r['edge']} edge: widen)" if r["edge"] else "-"
+    interior = ("yes" if r["interior"] else "no (one rate so far)" if r["edge"] == "both"
+                else f"no ({r['edge']} edge: widen)" if r["edge"] else "-")
     best = "-" if r["best"] is None else f"{r['best']:g}"
     lines.append(f"| {r['method']} | {r['P']} | " + " | ".join(cells_) + f" | {best} | {interior} |")
   verdict = {True: f"**kept**: {rule['shared']:g} lies within one grid step of every method's P = 1 optimum",
