@@ -73,3 +73,16 @@ def test_a_damaged_curves_file_is_one_line_and_status_2(tmp_path):
   lines = out.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: "), lines
   assert "not a readable curves file" in lines[0], lines
+
+
+def test_compact_stores_block_means_that_read_repeats_and_compacting_twice_changes_nothing(tmp_path):
+  losses = [float(i) for i in range(250)] + [float("inf")] + [1.0] * 9
+  run = {"group": "main", "name": "r", "config": {"steps": 260}, "status": "diverged", "losses": losses,
+         "val_steps": [0, 260], "val_losses": [5.0, float("inf")]}
+  once = curves.compact(run, 100)
+  assert once["losses"][:2] == [49.5, 149.5] and once["losses"][2] is None and once["num_losses"] == 260
+  assert once["val_losses"] == [5.0, None]
+  curves.write(tmp_path / curves.FILE, {"window": 5}, [once])
+  back = curves.read(tmp_path)["runs"][0]
+  assert back["losses"][:100] == [49.5] * 100 and len(back["losses"]) == 260
+  assert curves.compact(back, 100)["losses"] == once["losses"]

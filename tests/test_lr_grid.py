@@ -86,7 +86,7 @@ def test_the_same_run_differing_between_sources_is_refused(tmp_path):
   other = json.loads(json.dumps(run))
   other["val_losses"][-1] += 0.5
   other["losses"][5] += 1.0
-  with pytest.raises(ValueError, match="differs between the sources"):
+  with pytest.raises(ValueError, match="differs between the files"):
     lr_grid.main([str(_write(tmp_path / "a", [run], "s")), str(_write(tmp_path / "b", [other], "t")),
                   "--out", str(tmp_path / "o")])
 

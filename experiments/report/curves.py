@@ -92,13 +92,28 @@ def read(path: pathlib.Path) -> dict:
   return data
 
 
-def merge(paths) -> dict:
+def compact(run: dict, block: int) -> dict:
+  """``run`` (as ``read`` returns it) with its training loss stored as means over blocks of
+  ``block`` steps (``read`` repeats them back; a block holding a non-finite loss stores ``None``),
+  for studies that read final validation losses only; compacting twice gives the same run."""
+  x = np.asarray(run["losses"], np.float64)
+  means = [float(x[i:i + block].mean()) for i in range(0, len(x), block)]
+  out = {k: v for k, v in run.items() if k not in ("losses", "loss_every", "num_losses")}
+  out["val_losses"] = [None if not math.isfinite(v) else v for v in run["val_losses"]]
+  return {**out, "losses": [round(m, DECIMALS) if math.isfinite(m) else None for m in means],
+          "loss_every": block, "num_losses": len(x)}
+
+
+def merge(paths, block: int | None = None) -> dict:
   """The curves files of ``paths`` as one study: the first file's ``meta`` (its window must be every
   file's) with ``meta["sweeps"]`` listing every sweep command, and each run once (a run in several
-  files must be the same run: the same config and losses)."""
+  files must be the same run: the same config and losses). ``block``: every run ``compact``ed (the
+  runs are then as ``write`` stores them, not as ``read`` returns them)."""
   merged, meta, sweeps = {}, None, []
   for path in paths:
     data = read(path)
+    if block is not None:
+      data["runs"] = [compact(r, block) for r in data["runs"]]
     meta = meta or dict(data["meta"])
     if data["meta"]["window"] != meta["window"]:
       raise ValueError(f"{str(path)!r} smooths with window {data['meta']['window']}, the first file with "

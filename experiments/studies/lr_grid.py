@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 
 import numpy as np
@@ -38,31 +37,10 @@ SAME_AT_P1 = {"pipedream-lr": "pipedream"}  # methods equal to another one at P 
 SETTING_FREE = ("method", "stages", "lr", "seed", "tag")  # config fields a grid cell may vary
 
 
-def compact(run: dict) -> dict:
-  """``run`` with its per-step training loss as block means of ``BLOCK`` steps (``curves.read``
-  repeats them back), so a run compacted twice is the same run."""
-  x = np.asarray(run["losses"], np.float64)
-  means = [float(x[i:i + BLOCK].mean()) for i in range(0, len(x), BLOCK)]
-  out = {k: v for k, v in run.items() if k not in ("losses", "loss_every", "num_losses")}
-  return {**out, "losses": [round(m, curves.DECIMALS) if math.isfinite(m) else None for m in means],
-          "loss_every": BLOCK, "num_losses": len(x)}
-
-
 def merged(sources) -> tuple[dict, list]:
   """``(meta, compacted runs)`` of ``sources``, each run once (the same name must be the same run)."""
-  meta, sweeps, runs = None, [], {}
-  for src in sources:
-    data = curves.read(src)
-    meta = meta or dict(data["meta"])
-    sweeps += [c for c in data["meta"].get("sweeps", [data["meta"].get("command")]) if c not in sweeps]
-    for r in data["runs"]:
-      r = json.loads(json.dumps(compact(r)))  # inf -> None as written
-      held = runs.setdefault(r["name"], r)
-      if held["losses"] != r["losses"] or held["config"] != r["config"]:
-        raise ValueError(f"run {r['name']!r} differs between the sources: rerun or drop one of them")
-  if meta is None:
-    raise ValueError("no SOURCE given")
-  return {**meta, "sweeps": sweeps}, list(runs.values())
+  data = curves.merge(sources, block=BLOCK)
+  return data["meta"], data["runs"]
 
 
 def _setting(config: dict) -> str:
