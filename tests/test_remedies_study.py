@@ -1,0 +1,62 @@
+"""The remedies study (experiments/studies/remedies.py) on synthetic runs with known gaps."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments.report import curves
+from experiments.studies import remedies
+
+
+def _run(method, stages, seed, val, schedule="1f1b", **scale):
+  config = {"method": method, "stages": stages, "seed": seed, "schedule": schedule, "steps": 200, **scale}
+  name = f"{method}_{schedule}_P{stages}_s{seed}_{sorted(scale.items())}"
+  return {"group": "main", "name": name, "status": "finished", "config": config,
+          "losses": list(np.linspace(5, 2, 200)), "val_steps": [0, 200], "val_losses": [5.5, val]}
+
+
+def test_scales_are_chosen_on_pipedream_and_the_gap_closed_is_per_seed(tmp_path):
+  runs = []
+  for s in range(4):
+    for base, one, stale in (("pipedream", 2.0, 2.6), ("muon", 1.8, 2.0)):
+      runs += [_run(base, 1, s, one + 0.01 * s), _run(base, 16, s, stale + 0.01 * s)]
+      runs += [_run(base, 16, s, stale - 0.02 * s, schedule="2bw")]  # 2BW: a gap too
+    # predict at s = 0.5 closes half of pipedream's gap, at 2.0 makes it worse; dc closes a quarter
+    runs += [_run("pipedream+predict", 16, s, 2.3 + 0.01 * s, predict_scale=0.5),
+             _run("pipedream+predict", 16, s, 2.9 + 0.01 * s, predict_scale=2.0),
+             _run("pipedream+dc", 16, s, 2.45 + 0.01 * s, dc_lambda=1.0),
+             _run("muon+predict", 16, s, 1.9 + 0.01 * s, predict_scale=0.5)]
+  src = tmp_path / "src"
+  src.mkdir()
+  curves.write(src / curves.FILE, {"window": 11, "command": "sweep"}, runs)
+  out = tmp_path / "out"
+  summary = remedies.main([str(src), "--out", str(out)])
+  assert summary["chosen"] == {"predict": 0.5, "dc": 1.0}
+  gaps = {(g["schedule"], g["optimizer"], g["remedy"]): g for g in summary["gaps"]}
+  assert set(gaps) == {("1f1b", "pipedream", "predict"), ("1f1b", "pipedream", "dc"),
+                       ("1f1b", "muon", "predict")}  # 2BW holds no remedy's runs
+  np.testing.assert_allclose(gaps[("1f1b", "pipedream", "predict")]["per_seed"], [0.5] * 4, atol=1e-9)
+  np.testing.assert_allclose(gaps[("1f1b", "pipedream", "dc")]["per_seed"], [0.25] * 4, atol=1e-9)
+  np.testing.assert_allclose(gaps[("1f1b", "muon", "predict")]["per_seed"], [0.5] * 4, atol=1e-9)
+  verdicts = {c["claim"].split(" closes")[0]: c["verdict"] for c in summary["claims"]}
+  assert verdicts == {m: "reproduced" for m in ("pipedream+predict", "pipedream+dc", "muon+predict")}
+  report = (out / "report.md").read_text()
+  assert "| predict | 0.5 | 4 | 2.3150 | **yes** |" in report and "| predict | 2 | 4 |" in report
+  assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary))
+  again = remedies.main([str(out), "--out", str(out)])
+  assert again == summary and (out / "report.md").read_text() == report
+
+
+def test_a_remedy_that_widens_the_gap_is_refuted_and_default_scales_are_read(tmp_path):
+  runs = []
+  for s in range(4):
+    runs += [_run("rotation", 1, s, 1.5), _run("rotation", 16, s, 2.0 + 0.01 * s),
+             _run("rotation+dc", 16, s, 2.2 + 0.02 * s)]  # no dc_lambda: the default, 1.0
+  src = tmp_path / "src"
+  src.mkdir()
+  curves.write(src / curves.FILE, {"window": 11, "command": "sweep"}, runs)
+  summary = remedies.main([str(src), "--out", str(tmp_path / "out")])
+  (gap,) = summary["gaps"]
+  assert gap["scale"] == 1.0 and gap["per_seed"][0] == pytest.approx(-0.4)
+  assert summary["claims"][0]["verdict"] == "refuted"
