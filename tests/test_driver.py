@@ -11,10 +11,10 @@ import pipeline_sim as ps
 LR = 0.05
 
 
-def product_model(num_stages, seed=0):
+def product_model(num_stages, seed=0, dtype=jnp.float32):
   """Stage k multiplies by its scalar weight: loss 0.5 * (x * prod_k w_k - y)^2."""
   rng = np.random.default_rng(seed)
-  params = {"w": [jnp.asarray(1.0 + 0.1 * rng.normal(), jnp.float32) for _ in range(num_stages)]}
+  params = {"w": [jnp.asarray(1.0 + 0.1 * rng.normal(), dtype) for _ in range(num_stages)]}
   labels = {"w": list(range(num_stages))}
 
   def loss_fn(params, batch):

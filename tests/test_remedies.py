@@ -6,26 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from test_driver import product_model  # stage k multiplies by its scalar weight
 
 import pipeline_sim as ps
 
 LR, STEPS = 0.05, 14
-
-
-def product_model(num_stages, dtype):
-  """Stage k multiplies by its scalar weight: loss 0.5 * (x * prod_k w_k - y)^2."""
-  rng = np.random.default_rng(0)
-  params = {"w": [jnp.asarray(1.0 + 0.1 * rng.normal(), dtype) for _ in range(num_stages)]}
-  labels = {"w": list(range(num_stages))}
-
-  def loss_fn(params, batch):
-    x, y = batch
-    out = x
-    for w in params["w"]:
-      out = w * out
-    return 0.5 * (out - y) ** 2
-
-  return params, labels, loss_fn
 
 
 def data(dtype, n=STEPS):
@@ -61,7 +46,7 @@ def hand_loop(w0, xs, ys, delays, scales, lam=0.0, decay=None, eps=1e-7):
 
 
 def pipeline_run(num_stages, schedule, optimizer, predict=None, dtype=jnp.float64):
-  params, labels, loss_fn = product_model(num_stages, dtype)
+  params, labels, loss_fn = product_model(num_stages, dtype=dtype)
   pipe = ps.Pipeline(loss_fn, optimizer, labels, schedule=schedule, predict=predict)
   state, losses = pipe.run(pipe.init(params), data(dtype))
   return np.asarray(losses), np.asarray([float(w) for w in state.params["w"]])
@@ -74,7 +59,7 @@ CASES = [("1f1b", 3, 0.7), ("1f1b", 4, [0.5, 1.0, 0.25, 2.0]), ("2bw", 3, 1.0)]
 def test_weight_prediction_equals_a_float64_hand_loop(schedule, num_stages, scale):
   with jax.enable_x64(True):
     losses, w = pipeline_run(num_stages, schedule, optax.sgd(LR), predict=scale)
-    params, _, _ = product_model(num_stages, jnp.float64)
+    params, _, _ = product_model(num_stages, dtype=jnp.float64)
     xs, ys = data(jnp.float64)
     scales = scale if isinstance(scale, list) else [scale] * num_stages
     want_losses, want_w = hand_loop(params["w"], xs, ys, ps.stage_delays(num_stages, schedule), scales)
@@ -93,7 +78,7 @@ def test_dc_asgd_equals_a_float64_hand_loop(schedule, decay):
     tx = ps.dc_asgd(optax.sgd(LR), lam, mean_square_decay=decay)
     for predict in (None, 0.5):  # alone, and with the predicted weights as the stale ones
       losses, w = pipeline_run(3, schedule, tx, predict=predict)
-      params, _, _ = product_model(3, jnp.float64)
+      params, _, _ = product_model(3, dtype=jnp.float64)
       xs, ys = data(jnp.float64)
       want_losses, want_w = hand_loop(params["w"], xs, ys, ps.stage_delays(3, schedule),
                                       [predict or 0.0] * 3, lam=lam, decay=decay)
@@ -118,7 +103,7 @@ def test_zero_scale_and_zero_lambda_are_todays_pipeline_exactly(schedule):
 
 
 def test_prediction_keeps_one_more_version_per_stage():
-  params, labels, loss_fn = product_model(4, jnp.float32)
+  params, labels, loss_fn = product_model(4, dtype=jnp.float32)
   sizes = []
   for predict in (None, 1.0):
     pipe = ps.Pipeline(loss_fn, optax.sgd(LR), labels, predict=predict)
@@ -127,7 +112,7 @@ def test_prediction_keeps_one_more_version_per_stage():
 
 
 def test_bad_arguments_are_refused_by_name():
-  params, labels, loss_fn = product_model(3, jnp.float32)
+  params, labels, loss_fn = product_model(3, dtype=jnp.float32)
   for bad, match in ((-0.5, r"predict scales must be finite numbers >= 0, got -0.5"),
                      (float("nan"), "got nan"), ([1.0, 2.0], "predict has 2 scales for 3 stages"),
                      ("1", "got '1'")):
