@@ -258,6 +258,12 @@ def make_preset(args) -> presets_lib.Preset:
                              tuned_rates=() if args.lr or args.tune_lr else preset.tuned_rates)
 
 
+def reference(method: str) -> str:
+  """The method whose P = 1 run stands for ``method``'s: a staleness remedy (``<optimizer>+predict``,
+  ``<optimizer>+dc``) has no delay to act on at P = 1, so its reference is its optimizer's run."""
+  return method.partition("+")[0] if methods_lib.check_method(method).remedy else method
+
+
 def make_plan(args) -> Plan:
   """All run configs, validated before any training starts."""
   if args.finished_only and (not args.publish or args.tune_lr or args.dry_run):
@@ -294,7 +300,8 @@ def make_plan(args) -> Plan:
       return c
     return config
 
-  main = tuple(make(s)(m, p) for s in seeds for m in method_names for p in stages)
+  main = tuple(dict.fromkeys(make(s)(reference(m) if p == 1 else m, p)
+                             for s in seeds for m in method_names for p in stages))
   tuned = tuple((report.TUNED, make(s)(m, p, lr=lr)) for s in seeds for m, lr in preset.tuned_rates
                 if m in method_names and lr != preset.learning_rate(m) for p in stages)
   extra = tuned + tuple((a, c) for s in seeds for a, ab in chosen for c in ab.runs(make(s), max(stages)))
