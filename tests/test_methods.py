@@ -172,3 +172,20 @@ def test_remedy_methods_wire_the_pipelines_prediction_and_wrap_each_stage_in_dc_
     opt = methods.stage_optimizers(dataclasses.replace(config, dc_lambda=lam))[0]
     return opt.update(g, opt.init(w), w, stale_params={"k": jnp.full((3, 3), 2.0)})[0]["k"]
   assert np.all(np.sign(update(0.0)) == -np.sign(update(50.0)))  # Adam's first step: the sign flips
+
+
+def test_a_remedys_p1_reference_is_its_optimizers_run_in_the_plan_and_the_report():
+  from experiments.report import tables
+  from experiments.sweep import executor as sweep
+
+  assert [methods.reference(m) for m in ("rotation+dc", "muon+predict", "pipedream-lr")] == [
+      "rotation", "muon", "pipedream-lr"]
+  plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--methods", "pipedream", "pipedream+dc",
+                                           "rotation+predict", "--stages", "4", "--seeds", "0"]))
+  assert sorted((c.method, c.stages) for c in plan.main) == [  # pipedream's P = 1 run planned once
+      ("pipedream", 1), ("pipedream", 4), ("pipedream+dc", 4), ("rotation", 1), ("rotation+predict", 4)]
+  run = lambda m, p, v: {"config": {"method": m, "stages": p, "seed": 0}, "status": "finished",
+                         "losses": [v, v]}
+  groups = tables.curves_by([run("muon", 1, 1.0), run("muon+dc", 4, 2.0), run("rotation+dc", 4, 3.0)])
+  np.testing.assert_array_equal(groups[("muon+dc", 1)][0], [1.0, 1.0])
+  assert ("rotation+dc", 1) not in groups  # no optimizer's run to stand in: left missing, not invented

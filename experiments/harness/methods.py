@@ -101,6 +101,13 @@ ALLOCATIONS = ("rotation", "rotation-sa", "rotation-sa-reverse")  # uniform, pro
 BASES = ("rotation-random", "rotation-frozen", "rotation")  # random, frozen, refreshed bases
 
 
+def reference(name: str) -> str:
+  """The method whose P = 1 run stands for ``name``'s: a staleness remedy (``<optimizer>+predict``,
+  ``<optimizer>+dc``) has no delay to act on at P = 1, so its reference is its optimizer's run
+  (mathematically the same run; compiled as another program, it agrees to round-off only)."""
+  return name.partition("+")[0] if check_method(name).remedy else name
+
+
 def check_method(name: str) -> Method:
   if name not in METHODS:
     raise ValueError(f"unknown method {name!r}; choose from {sorted(METHODS)}")

@@ -51,7 +51,7 @@ def parse_args(argv=None):
   parser.add_argument("--methods", nargs="+", help=f"methods to run at every P (default: the preset's); "
                       f"known: {sorted(methods_lib.METHODS)}")
   parser.add_argument("--stages", nargs="+", type=int, help="pipeline depths P (default: the preset's); "
-                      "P = 1 is always added as the synchronous reference")
+                      "P = 1 is always added as the synchronous reference (a remedy's: its optimizer's)")
   parser.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the preset's; tables: "
                       "mean and range over seeds)")
   parser.add_argument("--steps", type=int, help="steps per run (a multiple of the preset's chunk)")
@@ -258,12 +258,6 @@ def make_preset(args) -> presets_lib.Preset:
                              tuned_rates=() if args.lr or args.tune_lr else preset.tuned_rates)
 
 
-def reference(method: str) -> str:
-  """The method whose P = 1 run stands for ``method``'s: a staleness remedy (``<optimizer>+predict``,
-  ``<optimizer>+dc``) has no delay to act on at P = 1, so its reference is its optimizer's run."""
-  return method.partition("+")[0] if methods_lib.check_method(method).remedy else method
-
-
 def make_plan(args) -> Plan:
   """All run configs, validated before any training starts."""
   if args.finished_only and (not args.publish or args.tune_lr or args.dry_run):
@@ -300,7 +294,7 @@ def make_plan(args) -> Plan:
       return c
     return config
 
-  main = tuple(dict.fromkeys(make(s)(reference(m) if p == 1 else m, p)
+  main = tuple(dict.fromkeys(make(s)(methods_lib.reference(m) if p == 1 else m, p)
                              for s in seeds for m in method_names for p in stages))
   tuned = tuple((report.TUNED, make(s)(m, p, lr=lr)) for s in seeds for m, lr in preset.tuned_rates
                 if m in method_names and lr != preset.learning_rate(m) for p in stages)
