@@ -9,9 +9,10 @@ from experiments.report import curves
 from experiments.studies import remedies
 
 
-def _run(method, stages, seed, val, schedule="1f1b", **scale):
-  config = {"method": method, "stages": stages, "seed": seed, "schedule": schedule, "steps": 200, **scale}
-  name = f"{method}_{schedule}_P{stages}_s{seed}_{sorted(scale.items())}"
+def _run(method, stages, seed, val, schedule="1f1b", b1=None, **scale):
+  config = {"method": method, "stages": stages, "seed": seed, "schedule": schedule, "steps": 200, "b1": b1,
+            **scale}
+  name = f"{method}_{schedule}_P{stages}_s{seed}_{b1}_{sorted(scale.items())}"
   return {"group": "main", "name": name, "status": "finished", "config": config,
           "losses": list(np.linspace(5, 2, 200)), "val_steps": [0, 200], "val_losses": [5.5, val]}
 
@@ -26,7 +27,9 @@ def test_scales_are_chosen_on_pipedream_and_the_gap_closed_is_per_seed(tmp_path)
     runs += [_run("pipedream+predict", 16, s, 2.3 + 0.01 * s, predict_scale=0.5),
              _run("pipedream+predict", 16, s, 2.9 + 0.01 * s, predict_scale=2.0),
              _run("pipedream+dc", 16, s, 2.45 + 0.01 * s, dc_lambda=1.0),
-             _run("muon+predict", 16, s, 1.9 + 0.01 * s, predict_scale=0.5)]
+             _run("muon+predict", 16, s, 1.9 + 0.01 * s, predict_scale=0.5),
+             _run("nesterov", 16, s, 2.45 + 0.01 * s),  # a quarter of pipedream's gap, read as AdamW's remedy
+             _run("pipedream", 1, s, 9.0, b1=0.95)]  # another setting in the same source: not this study's
   src = tmp_path / "src"
   src.mkdir()
   curves.write(src / curves.FILE, {"window": 11, "command": "sweep"}, runs)
@@ -35,12 +38,18 @@ def test_scales_are_chosen_on_pipedream_and_the_gap_closed_is_per_seed(tmp_path)
   assert summary["chosen"] == {"predict": 0.5, "dc": 1.0}
   gaps = {(g["schedule"], g["optimizer"], g["remedy"]): g for g in summary["gaps"]}
   assert set(gaps) == {("1f1b", "pipedream", "predict"), ("1f1b", "pipedream", "dc"),
-                       ("1f1b", "muon", "predict")}  # 2BW holds no remedy's runs
+                       ("1f1b", "muon", "predict"), ("1f1b", "pipedream", "nesterov")}  # 2BW: no remedy
+  assert {g["P"] for g in summary["gaps"]} == {16}
+  np.testing.assert_allclose(gaps[("1f1b", "pipedream", "nesterov")]["per_seed"], [0.25] * 4, atol=1e-9)
   np.testing.assert_allclose(gaps[("1f1b", "pipedream", "predict")]["per_seed"], [0.5] * 4, atol=1e-9)
   np.testing.assert_allclose(gaps[("1f1b", "pipedream", "dc")]["per_seed"], [0.25] * 4, atol=1e-9)
   np.testing.assert_allclose(gaps[("1f1b", "muon", "predict")]["per_seed"], [0.5] * 4, atol=1e-9)
   verdicts = {c["claim"].split(" closes")[0]: c["verdict"] for c in summary["claims"]}
-  assert verdicts == {m: "reproduced" for m in ("pipedream+predict", "pipedream+dc", "muon+predict")}
+  assert verdicts == {m: "reproduced" for m in ("pipedream+predict", "pipedream+dc", "muon+predict",
+                                               "nesterov")}
+  finals = {(f["schedule"], f["P"], f["method"]): f for f in summary["finals"]}
+  assert finals[("1f1b", 16, "muon")]["predict"]["final_val"] == pytest.approx(1.915)
+  assert finals[("1f1b", 16, "muon")]["dc"] == {"seeds": [], "final_val": None}
   report = (out / "report.md").read_text()
   assert "| predict | 0.5 | 4 | 2.3150 | **yes** |" in report and "| predict | 2 | 4 |" in report
   assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary))
@@ -60,3 +69,12 @@ def test_a_remedy_that_widens_the_gap_is_refuted_and_default_scales_are_read(tmp
   (gap,) = summary["gaps"]
   assert gap["scale"] == 1.0 and gap["per_seed"][0] == pytest.approx(-0.4)
   assert summary["claims"][0]["verdict"] == "refuted"
+
+
+def test_remedy_runs_of_two_settings_are_refused_by_name(tmp_path):
+  runs = [_run("pipedream+dc", 16, 0, 2.0, dc_lambda=0.1), _run("pipedream+dc", 16, 1, 2.0, b1=0.95)]
+  src = tmp_path / "src"
+  src.mkdir()
+  curves.write(src / curves.FILE, {"window": 11, "command": "sweep"}, runs)
+  with pytest.raises(ValueError, match=r"the remedy runs differ .*\"b1\": 0.95"):
+    remedies.main([str(src), "--out", str(tmp_path / "out")])

@@ -23,6 +23,7 @@ training loss; ``--out`` as the only SOURCE rebuilds it).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import pathlib
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from experiments import cli
 from experiments.harness import methods
+from experiments.harness.config import OPTIONAL_FIELDS
 from experiments.report import claims, curves, metrics
 
 BLOCK = 100  # training-loss block mean stored per run
@@ -46,10 +48,33 @@ def key(config: dict) -> tuple:
   return config["method"], schedule, config["stages"], scale
 
 
+VARIES = {"method", "stages", "schedule", "seed", "predict_scale", "dc_lambda"}  # within the study
+
+
+def setting(config: dict) -> str:
+  """What one study holds fixed: the config without ``VARIES`` and options at their unused value
+  (``OPTIONAL_FIELDS``: runs recorded before an option existed have the same setting)."""
+  return json.dumps({k: v for k, v in config.items() if k not in VARIES
+                     and not (k in OPTIONAL_FIELDS and v == OPTIONAL_FIELDS[k])}, sort_keys=True)
+
+
+def the_setting(runs) -> list:
+  """The runs of the remedies' own setting (the sources may hold others: other rates, other b1):
+  that of the remedy runs, which must be one; without them, the commonest."""
+  ours = {setting(r["config"]) for r in runs if methods.check_method(r["config"]["method"]).remedy}
+  if len(ours) > 1:
+    raise ValueError("the remedy runs differ in more than method, P, schedule, seed and scale: "
+                     f"{sorted(ours)}")
+  if not ours:
+    counts = collections.Counter(setting(r["config"]) for r in runs)
+    ours = {counts.most_common(1)[0][0]} if counts else set()
+  return [r for r in runs if setting(r["config"]) in ours]
+
+
 def final_vals(runs) -> dict:
-  """``{key: {seed: final validation loss or None}}``."""
+  """``{key: {seed: final validation loss or None}}`` of the runs of the study's setting."""
   out = {}
-  for r in runs:
+  for r in the_setting(runs):
     out.setdefault(key(r["config"]), {})[r["config"]["seed"]] = metrics.final_val(r)
   return out
 
@@ -74,67 +99,122 @@ def scale_rows(vals: dict, top: int) -> tuple[list, dict]:
   return rows, chosen
 
 
-def gap_rows(vals: dict, top: int, chosen: dict) -> list:
-  """Per schedule, optimizer and remedy: the per-seed fraction of the optimizer's gap it closes."""
+OTHERS = ("nesterov", "pipedream-lr")  # the field's other remedies, on AdamW's (PipeDream's) gap as they are
+
+
+def _fraction(one: dict, stale: dict, fixed: dict) -> tuple[list, list]:
+  """``(seeds, per seed 1 - gap(fixed) / gap(stale))``, both gaps from the same P = 1 run."""
+  seeds = sorted(set(one) & set(stale) & set(fixed))
+  out = []
+  for s in seeds:
+    if None in (one[s], stale[s], fixed[s]) or stale[s] <= one[s]:
+      out.append("no gap to close (a run diverged or P = 1 is not better)")
+    else:
+      out.append(1.0 - (fixed[s] - one[s]) / (stale[s] - one[s]))
+  return seeds, out
+
+
+def gap_rows(vals: dict, chosen: dict) -> list:
+  """Per schedule, P > 1, optimizer and remedy: the per-seed fraction of the optimizer's gap it closes
+  (Nesterov's look-ahead and PipeDream-LR's rate as remedies of AdamW, i.e. of ``pipedream``)."""
+  rows = []
+  depths = sorted({k[2] for k in vals if k[2] > 1})
+  for schedule in ("1f1b", "2bw"):
+    for P in depths:
+      cells = [(base, remedy, f"{base}+{remedy}", chosen.get(remedy, DEFAULT[remedy]))
+               for base in methods.REMEDY_BASES for remedy in methods.REMEDIES]
+      cells += [("pipedream", other, other, None) for other in OTHERS]
+      for base, remedy, method, scale in cells:
+        seeds, per_seed = _fraction(vals.get((base, "1f1b", 1, None), {}),
+                                    vals.get((base, schedule, P, None), {}),
+                                    vals.get((method, schedule, P, scale), {}))
+        if seeds:
+          rows.append({"schedule": schedule, "optimizer": base, "remedy": remedy, "scale": scale, "P": P,
+                       "seeds": seeds, "per_seed": per_seed})
+  return rows
+
+
+def final_rows(vals: dict, chosen: dict) -> list:
+  """Per schedule and P > 1, every optimizer alone and with each remedy: the seed-mean final
+  validation loss (which combination ends lowest: do a remedy and rotation add up?)."""
   rows = []
   for schedule in ("1f1b", "2bw"):
-    for base in methods.REMEDY_BASES:
-      one, stale = vals.get((base, "1f1b", 1, None), {}), vals.get((base, schedule, top, None), {})
-      for remedy in methods.REMEDIES:
-        scale = chosen.get(remedy, DEFAULT[remedy])
-        fixed = vals.get((f"{base}+{remedy}", schedule, top, scale), {})
-        seeds = sorted(set(one) & set(stale) & set(fixed))
-        if not seeds:
-          continue
-        per_seed = []
-        for s in seeds:
-          if None in (one[s], stale[s], fixed[s]) or stale[s] <= one[s]:
-            per_seed.append("no gap to close (a run diverged or P = 1 is not better)")
-          else:
-            per_seed.append(1.0 - (fixed[s] - one[s]) / (stale[s] - one[s]))
-        rows.append({"schedule": schedule, "optimizer": base, "remedy": remedy, "scale": scale, "P": top,
-                     "seeds": seeds, "per_seed": per_seed})
+    for P in sorted({k[2] for k in vals if k[2] > 1}):
+      for method in methods.REMEDY_BASES + OTHERS:
+        row = {"schedule": schedule, "P": P, "method": method}
+        for remedy in (None,) + (methods.REMEDIES if method in methods.REMEDY_BASES else ()):
+          name = method if remedy is None else f"{method}+{remedy}"
+          scale = None if remedy is None else chosen.get(remedy, DEFAULT[remedy])
+          cell = vals.get((name, schedule, P, scale), {})
+          row[remedy or "alone"] = {"seeds": sorted(cell), "final_val": _mean(cell)}
+        if any(row[k]["seeds"] for k in row if isinstance(row[k], dict)):
+          rows.append(row)
   return rows
+
+
+def _label(r: dict) -> str:
+  """A gap row's claim: "<remedy> closes part of <optimizer>'s staleness gap (schedule, P, scale)"."""
+  who = r["remedy"] if r["remedy"] in OTHERS else f"{r['optimizer']}+{r['remedy']}"
+  scale = "" if r["scale"] is None else f", scale {r['scale']:g}"
+  return f"{who} closes part of {r['optimizer']}'s staleness gap ({r['schedule']}, P = {r['P']}{scale})"
 
 
 def study(runs) -> tuple:
   vals = final_vals(runs)
   top = max((k[2] for k in vals), default=1)
   scales, chosen = scale_rows(vals, top)
-  gaps = gap_rows(vals, top, chosen)
-  decided = claims.holm([claims.check(
-      f"{r['optimizer']}+{r['remedy']} closes part of {r['optimizer']}'s staleness gap "
-      f"({r['schedule']}, P = {r['P']}, scale {r['scale']:g})", "the remedy's own papers (> 0)",
-      r["per_seed"], 0.0, context=f"fraction of the gap closed, seeds {r['seeds']}: ") for r in gaps])
-  return scales, chosen, gaps, decided
+  gaps = gap_rows(vals, chosen)
+  decided = claims.holm([claims.check(_label(r), "the remedy's own papers (> 0)", r["per_seed"], 0.0,
+                                      context=f"fraction of the gap closed, seeds {r['seeds']}: ")
+                         for r in gaps])
+  return scales, chosen, gaps, final_rows(vals, chosen), decided
 
 
-def write(scales, chosen, gaps, decided, meta, out: pathlib.Path, command: str) -> dict:
+def write(scales, chosen, gaps, finals, decided, meta, runs, out: pathlib.Path, command: str) -> dict:
   out.mkdir(parents=True, exist_ok=True)
+  commits = sorted({str((r.get("code") or {}).get("commit"))[:12] for r in runs})
+  cpus = ", ".join(f"{h['cpu']} ({h['cores']} cores)" for h in curves.hosts_of(runs))
   lines = ["# The staleness remedies: weight prediction and delay compensation", "",
-           f"- made by `{command}`", "- the sweeps: " + "; ".join(f"`{c}`" for c in meta["sweeps"]), "",
+           f"- made by `{command}`", "- the sweeps: " + "; ".join(f"`{c}`" for c in meta["sweeps"]),
+           f"- {len(runs)} runs, trained by commit(s) {', '.join(commits)} on {cpus or 'unrecorded CPUs'}",
+           "- a remedy has no delay to act on at P = 1: both gaps of a row share the optimizer's P = 1 run "
+           "(`experiments.harness.methods.reference`); Nesterov's look-ahead and PipeDream-LR's rate are "
+           "read as remedies of AdamW (`pipedream`)", "",
            "## Scales (pipedream, 1F1B, the largest P)", "",
            "| remedy | scale | seeds | final validation loss (seed mean) | chosen |", "|---|---|---|---|---|"]
   for r in scales:
     val = "-" if r["final_val"] is None else f"{r['final_val']:.4f}"
     lines.append(f"| {r['remedy']} | {r['scale']:g} | {len(r['seeds'])} | {val} | "
                  f"{'**yes**' if chosen.get(r['remedy']) == r['scale'] else ''} |")
-  lines += ["", "## Fraction of the optimizer's staleness gap closed", ""]
+  lines += ["", "## Fraction of the optimizer's staleness gap closed", "",
+            "Per seed `1 - gap(optimizer with the remedy) / gap(optimizer)`, the gap being the final "
+            "validation loss at P minus at P = 1: 1 closes it, 0 does nothing, below 0 widens it. "
+            "Mean [min, max] over seeds and Student's t 95% interval.", ""]
   if gaps:
-    lines += ["| schedule | optimizer | remedy | scale | seeds | fraction closed |",
-              "|---|---|---|---|---|---|"]
+    lines += ["| schedule | P | optimizer | remedy | scale | seeds | fraction closed |",
+              "|---|---|---|---|---|---|---|"]
     for r in gaps:
       nums = [v for v in r["per_seed"] if not isinstance(v, str)]
       iv = metrics.interval(nums) if len(nums) == len(r["per_seed"]) else None
       text = claims.describe(r["per_seed"], iv, "{:+.2f}")
-      lines.append(f"| {r['schedule']} | {r['optimizer']} | {r['remedy']} | {r['scale']:g} | "
+      scale = "-" if r["scale"] is None else f"{r['scale']:g}"
+      lines.append(f"| {r['schedule']} | {r['P']} | {r['optimizer']} | {r['remedy']} | {scale} | "
                    f"{len(r['seeds'])} | {text} |")
-    lines += [""] + claims.section(decided, heading="Claims, checked")
   else:
-    lines += ["No optimizer holds its runs at P = 1 and at the largest P beside a remedy's yet.", ""]
+    lines += ["No optimizer holds its runs at P = 1 and at a larger P beside a remedy's yet."]
+  lines += ["", "## Final validation loss: does a remedy add to the optimizer?", "",
+            "Seed mean (seeds) at each P; a remedy that adds to rotation or Muon ends below it.", "",
+            "| schedule | P | optimizer | alone | + predict | + dc |", "|---|---|---|---|---|---|"]
+  for r in finals:
+    def cell(key):
+      c = r.get(key)
+      return "" if not c or c["final_val"] is None else f"{c['final_val']:.4f} ({len(c['seeds'])})"
+    lines.append(f"| {r['schedule']} | {r['P']} | {r['method']} | {cell('alone')} | {cell('predict')} | "
+                 f"{cell('dc')} |")
+  lines += [""] + (claims.section(decided, heading="Claims, checked") if decided else [])
   (out / "report.md").write_text("\n".join(lines))
-  summary = {"command": command, "sweeps": meta["sweeps"], "chosen": chosen, "scales": scales,
-             "gaps": gaps, "claims": [c.summary() for c in decided]}
+  summary = {"command": command, "sweeps": meta["sweeps"], "commits": commits, "chosen": chosen,
+             "scales": scales, "gaps": gaps, "finals": finals, "claims": [c.summary() for c in decided]}
   (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
   return summary
 
@@ -147,10 +227,10 @@ def main(argv=None):
                       help=f"where to write report.md, summary.json and {curves.FILE}")
   args = parser.parse_args(argv)
   data = curves.merge(args.sources, block=BLOCK)
-  scales, chosen, gaps, decided = study(data["runs"])
+  scales, chosen, gaps, finals, decided = study(data["runs"])
   out = pathlib.Path(args.out)
   command = f"python -m experiments.studies.remedies {args.out} --out {args.out}"  # rebuilds from --out
-  summary = write(scales, chosen, gaps, decided, data["meta"], out, command)
+  summary = write(scales, chosen, gaps, finals, decided, data["meta"], data["runs"], out, command)
   curves.write(out / curves.FILE, data["meta"], data["runs"])
   print(f"wrote {out / 'report.md'}: chosen scales {chosen}")
   return summary
