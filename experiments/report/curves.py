@@ -22,6 +22,8 @@ import pathlib
 
 import numpy as np
 
+from experiments.harness.config import OPTIONAL_FIELDS
+
 FILE = "curves.json.xz"
 LEGACY = "curves.json.gz"  # the same content, gzip-compressed (studies written before December 2026)
 DECIMALS = 5
@@ -102,6 +104,16 @@ def compact(run: dict, block: int) -> dict:
   out["val_losses"] = [None if not math.isfinite(v) else v for v in run["val_losses"]]
   return {**out, "losses": [round(m, DECIMALS) if math.isfinite(m) else None for m in means],
           "loss_every": block, "num_losses": len(x)}
+
+
+def setting(config: dict, free) -> str:
+  """What a study holds fixed, as a comparable key: ``config`` without the fields in ``free``;
+  options recorded after a run was trained read as their "not used" value (``OPTIONAL_FIELDS``), and
+  P = 1 is one run under either schedule."""
+  c = {**OPTIONAL_FIELDS, **config}
+  if c.get("stages") == 1:
+    c["schedule"] = "1f1b"
+  return json.dumps({k: v for k, v in c.items() if k not in free}, sort_keys=True)
 
 
 def merge(paths, block: int | None = None) -> dict:

@@ -28,7 +28,6 @@ import pathlib
 import numpy as np
 
 from experiments import cli
-from experiments.harness.config import OPTIONAL_FIELDS
 from experiments.report import curves, metrics, plots
 
 SHARED = 3e-3  # the preset's shared peak rate
@@ -43,21 +42,12 @@ def merged(sources) -> tuple[dict, list]:
   return data["meta"], data["runs"]
 
 
-def _setting(config: dict) -> str:
-  """What a grid cell may not vary, as a comparable key: options recorded after a run was trained
-  read as their "not used" value, and P = 1 is one run under either schedule."""
-  c = {**OPTIONAL_FIELDS, **config}
-  if c["stages"] == 1:
-    c["schedule"] = "1f1b"
-  return json.dumps({k: v for k, v in c.items() if k not in SETTING_FREE}, sort_keys=True)
-
-
 def cells(runs) -> tuple[dict, int]:
   """``({(method, P): {rate: {seed: final validation loss or None}}}, runs left out)``: the runs of
   the most common setting, PipeDream-LR's P = 1 read from PipeDream's."""
   if not runs:
     return {}, 0
-  settings = [_setting(r["config"]) for r in runs]
+  settings = [curves.setting(r["config"], SETTING_FREE) for r in runs]
   setting = max(sorted(set(settings)), key=settings.count)
   grid, left_out = {}, 0
   for r, mine in zip(runs, settings):

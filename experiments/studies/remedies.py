@@ -31,7 +31,6 @@ import numpy as np
 
 from experiments import cli
 from experiments.harness import methods
-from experiments.harness.config import OPTIONAL_FIELDS
 from experiments.report import claims, curves, metrics
 
 BLOCK = 100  # training-loss block mean stored per run
@@ -48,27 +47,21 @@ def key(config: dict) -> tuple:
   return config["method"], schedule, config["stages"], scale
 
 
-VARIES = {"method", "stages", "schedule", "seed", "predict_scale", "dc_lambda"}  # within the study
-
-
-def setting(config: dict) -> str:
-  """What one study holds fixed: the config without ``VARIES`` and options at their unused value
-  (``OPTIONAL_FIELDS``: runs recorded before an option existed have the same setting)."""
-  return json.dumps({k: v for k, v in config.items() if k not in VARIES
-                     and not (k in OPTIONAL_FIELDS and v == OPTIONAL_FIELDS[k])}, sort_keys=True)
+VARIES = ("method", "stages", "schedule", "seed", "predict_scale", "dc_lambda")  # within the study
 
 
 def the_setting(runs) -> list:
   """The runs of the remedies' own setting (the sources may hold others: other rates, other b1):
   that of the remedy runs, which must be one; without them, the commonest."""
-  ours = {setting(r["config"]) for r in runs if methods.check_method(r["config"]["method"]).remedy}
+  ours = {curves.setting(r["config"], VARIES) for r in runs
+          if methods.check_method(r["config"]["method"]).remedy}
   if len(ours) > 1:
     raise ValueError("the remedy runs differ in more than method, P, schedule, seed and scale: "
                      f"{sorted(ours)}")
   if not ours:
-    counts = collections.Counter(setting(r["config"]) for r in runs)
+    counts = collections.Counter(curves.setting(r["config"], VARIES) for r in runs)
     ours = {counts.most_common(1)[0][0]} if counts else set()
-  return [r for r in runs if setting(r["config"]) in ours]
+  return [r for r in runs if curves.setting(r["config"], VARIES) in ours]
 
 
 def final_vals(runs) -> dict:
