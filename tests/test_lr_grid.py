@@ -38,6 +38,17 @@ def test_optimum_edges_the_shared_rule_and_a_rebuild(tmp_path):
   a, b = _write(tmp_path / "a", runs[:half], "sweep a"), _write(tmp_path / "b", runs[half - 3:], "sweep b")
   out = tmp_path / "out"
   summary = lr_grid.main([str(a), str(b), "--out", str(out)])
+  # the gap read at the shared rate and at each P's optimum, by hand from the parabola
+  gap = {(g["method"], g["reading"]): g for g in summary["readings"]["gaps"]}
+  np.testing.assert_allclose(gap[("pipedream", "shared")]["gap"], [0.3 + 0.1 * math.log2(3) ** 2] * 2)
+  np.testing.assert_allclose(gap[("pipedream", "tuned")]["gap"], [0.3] * 2)
+  assert gap[("pipedream", "tuned")]["rates"] == [3e-3, 1e-3]
+  rot_shared = 0.3 + 0.1 * math.log2(1.5) ** 2 - 0.1  # P = 16 off its optimum by 1.5x, P = 1 by 2x
+  np.testing.assert_allclose(gap[("rotation", "shared")]["gap"], [rot_shared] * 2)
+  np.testing.assert_allclose(gap[("pipedream-lr", "shared")]["gap"], [0.4] * 2)  # P = 1: pipedream's
+  gain = {g["reading"]: g["per_seed"] for g in summary["readings"]["gains"] if g["method"] == "rotation"}
+  np.testing.assert_allclose(gain["shared"], [0.4 / rot_shared] * 2)  # PipeDream-LR's gap the smallest
+  np.testing.assert_allclose(gain["tuned"], [1.0] * 2)
   rows = {(r["method"], r["P"]): r for r in summary["rows"]}
   for key, b_ in best.items():
     assert rows[key]["best"] == b_

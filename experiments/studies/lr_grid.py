@@ -28,7 +28,8 @@ import pathlib
 import numpy as np
 
 from experiments import cli
-from experiments.report import curves, metrics, plots
+from experiments.harness.methods import BASELINES
+from experiments.report import curves, metrics, plots, tables
 
 SHARED = 3e-3  # the preset's shared peak rate
 BLOCK = 100  # training-loss block mean stored per run
@@ -96,10 +97,38 @@ def shared_rule(rows, shared: float = SHARED) -> dict:
   return {"shared": shared, "keeps": ok, "grid_steps_to_optimum": why}
 
 
-def study(runs, seeds) -> tuple[list, dict, int]:
+def readings(grid: dict, rows, seeds) -> dict:
+  """The staleness gap read at the shared rate and at each P's own optimum (the protocol's "per-P
+  tuned reading beside the shared one"): per method and seed the final validation loss at the
+  largest P minus at P = 1, and per seed the final-loss staleness gain of rotation and Muon, the
+  smallest baseline gap over the method's (> 1: it loses less to staleness than every baseline)."""
+  best = {(r["method"], r["P"]): r["best"] for r in rows}
+  top = max((p for _, p in best), default=1)
+  gaps = []
+  for method in sorted({m for m, p in best if p == 1 and (m, top) in best and top > 1}):
+    for name, r1, rp in (("shared", SHARED, SHARED), ("tuned", best[(method, 1)], best[(method, top)])):
+      one, stale = grid[(method, 1)].get(r1, {}), grid[(method, top)].get(rp, {})
+      gaps.append({"method": method, "reading": name, "rates": [r1, rp], "P": top, "gap": [
+          None if one.get(s) is None or stale.get(s) is None else stale[s] - one[s] for s in seeds]})
+  gains = []
+  for name in ("shared", "tuned"):
+    by = {g["method"]: g["gap"] for g in gaps if g["reading"] == name}
+    base = [m for m in BASELINES if m in by]
+    for method in ("rotation", "muon"):
+      if method in by and base:
+        per_seed = []
+        for i in range(len(seeds)):
+          vals = [by[m][i] for m in base + [method]]
+          ok = all(v is not None and v > 0 for v in vals)
+          per_seed.append(min(by[m][i] for m in base) / by[method][i] if ok else None)
+        gains.append({"method": method, "reading": name, "baselines": base, "per_seed": per_seed})
+  return {"gaps": gaps, "gains": gains}
+
+
+def study(runs, seeds) -> tuple[list, dict, int, dict]:
   grid, left_out = cells(runs)
   rows = [row(m, p, grid[(m, p)], seeds) for m, p in sorted(grid, key=lambda k: (k[1], k[0]))]
-  return rows, shared_rule(rows), left_out
+  return rows, shared_rule(rows), left_out, readings(grid, rows, seeds)
 
 
 def _cell(r, i) -> str:
@@ -111,7 +140,7 @@ def _cell(r, i) -> str:
   return f"**{text}**" if r["rates"][i] == r["best"] else text
 
 
-def write(rows, rule, left_out, meta, seeds, out: pathlib.Path, command: str) -> dict:
+def write(rows, rule, left_out, read, meta, seeds, out: pathlib.Path, command: str) -> dict:
   out.mkdir(parents=True, exist_ok=True)
   rates = sorted({lr for r in rows for lr in r["rates"]})
   lines = ["# Learning-rate grid: is the shared rate interior?", "", f"- made by `{command}`",
@@ -135,13 +164,26 @@ def write(rows, rule, left_out, meta, seeds, out: pathlib.Path, command: str) ->
             "the shared rate to each P = 1 optimum: " + ", ".join(
                 f"{m} {'-' if v is None else v}" for m, v in rule["grid_steps_to_optimum"].items()), "",
             "![final validation loss per rate](lr.png)", ""]
+  if read["gaps"]:
+    lines += ["## The staleness gap at the shared rate and at each P's own optimum", "",
+              f"Per seed the final validation loss at P = {read['gaps'][0]['P']} minus at P = 1, mean [min, "
+              "max] over the seeds, with the rates (P = 1, largest P) it is read at; then the final-loss "
+              "staleness gain, the smallest baseline gap over the method's (> 1: it loses less to "
+              f"staleness than every baseline). {len(seeds)} seeds: a reading, not a verdict.", "",
+              "| method | reading | rates | gap |", "|---|---|---|---|"]
+    lines += [f"| {g['method']} | {g['reading']} | {g['rates'][0]:g}, {g['rates'][1]:g} | "
+              f"{tables.spread(g['gap'], '{:+.4f}', '-')} |" for g in read["gaps"]]
+    lines += ["", "| method | reading | staleness gain (final loss) |", "|---|---|---|"]
+    lines += [f"| {g['method']} | {g['reading']} | {tables.spread(g['per_seed'], '{:.2f}', '-')} |"
+              for g in read["gains"]]
+    lines += [""]
   (out / "report.md").write_text("\n".join(lines))
   lines_ = {f"{r['method']} P = {r['P']}": [(lr, m) for lr, m in zip(r["rates"], r["mean"]) if m is not None]
             for r in rows}
   plots.series(lines_, out / "lr.png", "final validation loss per peak learning rate (seed mean)",
                "peak learning rate", "final validation loss")
   summary = {"command": command, "sweeps": meta["sweeps"], "seeds": list(seeds), "rows": rows,
-             "shared_rate": rule, "left_out": left_out}
+             "shared_rate": rule, "left_out": left_out, "readings": read}
   (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
   return summary
 
@@ -155,13 +197,13 @@ def main(argv=None):
                       f"the merged {curves.FILE}")
   args = parser.parse_args(argv)
   meta, runs = merged(args.sources)
-  rows, rule, left_out = study(runs, args.seeds)
+  rows, rule, left_out, read = study(runs, args.seeds)
   if not rows:
     raise ValueError(f"no runs in {args.sources}")
   out = pathlib.Path(args.out)
   command = (f"python -m experiments.studies.lr_grid {args.out} --seeds {' '.join(map(str, args.seeds))} "
              f"--out {args.out}")  # rebuilds from --out alone
-  summary = write(rows, rule, left_out, meta, args.seeds, out, command)
+  summary = write(rows, rule, left_out, read, meta, args.seeds, out, command)
   curves.write(out / curves.FILE, meta, runs)
   print(f"wrote {out / 'report.md'}: shared rate kept: {rule['keeps']}; optima " + "; ".join(
       f"{r['method']} P={r['P']}: {r['best']}" for r in rows))
