@@ -78,15 +78,22 @@ def _mean(by_seed: dict) -> float | None:
 
 
 def scale_rows(vals: dict, top: int) -> tuple[list, dict]:
-  """``(rows, {remedy: chosen scale})`` from the ``pipedream+<remedy>`` runs at P = ``top``, 1F1B."""
+  """``(rows, {remedy: chosen scale})`` from the ``pipedream+<remedy>`` runs at P = ``top``, 1F1B, on
+  the seeds every scale of the remedy has (the protocol's grid: seed 0), so that the study's later
+  seeds at the chosen scale never move the choice."""
   rows, chosen = [], {}
   for remedy in methods.REMEDIES:
     cells = {k[3]: v for k, v in vals.items() if k[:3] == (f"pipedream+{remedy}", "1f1b", top)}
+    if not cells:
+      continue
+    seeds = sorted(set.intersection(*(set(v) for v in cells.values())))
+    mine = []
     for scale in sorted(cells):
-      seeds = sorted(cells[scale])
-      rows.append({"remedy": remedy, "scale": scale, "seeds": seeds, "final_val": _mean(cells[scale]),
-                   "per_seed": [cells[scale][s] for s in seeds]})
-    done = [r for r in rows if r["remedy"] == remedy and r["final_val"] is not None]
+      by_seed = {s: cells[scale][s] for s in seeds}
+      mine.append({"remedy": remedy, "scale": scale, "seeds": seeds, "final_val": _mean(by_seed),
+                   "per_seed": [by_seed[s] for s in seeds]})
+    rows += mine
+    done = [r for r in mine if r["final_val"] is not None]
     if done:
       chosen[remedy] = min(done, key=lambda r: r["final_val"])["scale"]
   return rows, chosen
