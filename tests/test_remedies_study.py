@@ -56,6 +56,12 @@ def test_scales_are_chosen_on_pipedream_and_the_gap_closed_is_per_seed(tmp_path)
   assert finals[("1f1b", 16, "muon")]["dc"] == {"seeds": [], "final_val": None}
   report = (out / "report.md").read_text()
   assert "| predict | 0.5 | 4 | 2.3150 | **yes** |" in report and "| predict | 2 | 4 |" in report
+  glance = report.split("## The remedies at a glance")[1].split("## ")[0]
+  assert "| claim | 1F1B, P = 16 |" in glance
+  row = "| pipedream+predict closes part of pipedream's gap | **reproduced** +0.50 (+0.50 to +0.50) |"
+  assert row in glance
+  assert "| nesterov closes part of pipedream's gap | **reproduced** +0.25" in glance
+  assert "rotation+" not in glance  # no runs, no row
   assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary))
   again = remedies.main([str(out), "--out", str(out)])
   assert again == summary and (out / "report.md").read_text() == report

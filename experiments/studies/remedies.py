@@ -170,6 +170,35 @@ def study(runs) -> tuple:
   return scales, chosen, gaps, final_rows(vals, chosen), decided
 
 
+GLANCE = "The remedies at a glance"
+
+
+def glance(gaps, decided) -> list:
+  """The claims as one table for the README: a row per optimizer and remedy, a column per schedule
+  and P; each cell the verdict, the mean fraction of the gap closed and its interval at the claim's
+  Holm level."""
+  columns = sorted({(g["schedule"], g["P"]) for g in gaps})
+  if not columns:
+    return []
+  rows = {f"{b}+{r} closes part of {b}'s gap": {} for b in methods.REMEDY_BASES for r in methods.REMEDIES}
+  rows.update({f"{o} closes part of pipedream's gap": {} for o in OTHERS})
+  for g, c in zip(gaps, decided):
+    who = g["remedy"] if g["remedy"] in OTHERS else f"{g['optimizer']}+{g['remedy']}"
+    iv = c.interval
+    text = (f"{c.verdict} ({c.why})" if iv is None or iv["ci95"] is None else
+            f"**{c.verdict}** {iv['mean']:+.2f} ({iv['ci95'][0]:+.2f} to {iv['ci95'][1]:+.2f})")
+    rows.setdefault(f"{who} closes part of {g['optimizer']}'s gap", {})[(g["schedule"], g["P"])] = text
+  names = {"1f1b": "1F1B", "2bw": "2BW"}
+  lines = [f"## {GLANCE}", "",
+           "Fraction of the optimizer's staleness gap (final validation loss, P minus P = 1) the remedy "
+           "closes, > 0: verdict under docs/protocol.md, seed mean and the interval at the claim's Holm "
+           "level.", "", "| claim | " + " | ".join(f"{names[s]}, P = {p}" for s, p in columns) + " |",
+           "|---|" + "---|" * len(columns)]
+  lines += [f"| {name} | " + " | ".join(cells.get(c, "") for c in columns) + " |"
+            for name, cells in rows.items() if cells]
+  return lines + [""]
+
+
 def write(scales, chosen, gaps, finals, decided, meta, runs, out: pathlib.Path, command: str) -> dict:
   out.mkdir(parents=True, exist_ok=True)
   commits = sorted({str((r.get("code") or {}).get("commit"))[:12] for r in runs})
@@ -211,7 +240,8 @@ def write(scales, chosen, gaps, finals, decided, meta, runs, out: pathlib.Path, 
       return "" if not c or c["final_val"] is None else f"{c['final_val']:.4f} ({len(c['seeds'])})"
     lines.append(f"| {r['schedule']} | {r['P']} | {r['method']} | {cell('alone')} | {cell('predict')} | "
                  f"{cell('dc')} |")
-  lines += [""] + (claims.section(decided, heading="Claims, checked") if decided else [])
+  lines += [""] + glance(gaps, decided)
+  lines += claims.section(decided, heading="Claims, checked") if decided else []
   (out / "report.md").write_text("\n".join(lines))
   summary = {"command": command, "sweeps": meta["sweeps"], "commits": commits, "chosen": chosen,
              "scales": scales, "gaps": gaps, "finals": finals, "claims": [c.summary() for c in decided]}
