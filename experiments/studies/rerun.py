@@ -1,0 +1,106 @@
+"""``python -m experiments.studies.rerun NEW --against OLD --out DIR``: does a rerun reproduce a study?
+
+NEW and OLD are folders holding ``curves.json.xz`` (a sweep's ``--out``, a ``--finished-only
+--publish`` folder or a published study such as docs/results/cpu). Runs are paired by their whole
+config (``curves.setting`` with nothing free: method, P, seed, rate and every option); per pair the
+report gives the final validation loss of each and their difference, the final smoothed training
+loss of each (OLD's window), whether the two training curves are identical as stored (5 decimals)
+and the first step where they differ. Runs of NEW that OLD does not hold are counted, not compared.
+
+Writes ``report.md`` and ``summary.json`` (no curves: NEW's are wherever it was written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import numpy as np
+
+from experiments import cli
+from experiments.report import curves, metrics
+
+
+def pair(new: dict, old: dict, window: int) -> dict:
+  """One rerun against its committed run."""
+  a, b = np.asarray(new["losses"], np.float64), np.asarray(old["losses"], np.float64)
+  n = min(len(a), len(b))
+  differ = np.flatnonzero(~np.isclose(a[:n], b[:n], rtol=0, atol=0, equal_nan=True))
+  c = new["config"]
+  vals = [metrics.final_val(new), metrics.final_val(old)]
+  return {"method": c["method"], "P": c["stages"], "seed": c["seed"], "lr": c["lr"],
+          "final_val": {"rerun": vals[0], "committed": vals[1]},
+          "final_val_difference": None if None in vals else vals[0] - vals[1],
+          "final_smoothed": {"rerun": metrics.final_smoothed(a, window),
+                             "committed": metrics.final_smoothed(b, window)},
+          "identical": len(a) == len(b) and differ.size == 0,
+          "first_difference_step": None if differ.size == 0 else int(differ[0]) + 1,
+          "rerun_seconds": new.get("seconds"), "rerun_commit": (new.get("code") or {}).get("commit"),
+          "committed_commit": (old.get("code") or {}).get("commit")}
+
+
+def study(new_runs, old_runs, window: int) -> tuple[list, int]:
+  held = {curves.setting(r["config"], ()): r for r in old_runs}
+  pairs, unmatched = [], 0
+  for r in new_runs:
+    old = held.get(curves.setting(r["config"], ()))
+    if old is None:
+      unmatched += 1
+    else:
+      pairs.append(pair(r, old, window))
+  pairs.sort(key=lambda p: (p["method"], p["P"], p["lr"], p["seed"]))
+  return pairs, unmatched
+
+
+def write(pairs, unmatched, sources, out: pathlib.Path, command: str) -> dict:
+  out.mkdir(parents=True, exist_ok=True)
+  diffs = [abs(p["final_val_difference"]) for p in pairs if p["final_val_difference"] is not None]
+  aggregate = {"pairs": len(pairs), "identical": sum(p["identical"] for p in pairs),
+               "unmatched": unmatched,
+               "abs_final_val_difference": None if not diffs else
+               {"median": float(np.median(diffs)), "max": float(max(diffs))}}
+  fmt = lambda v: "-" if v is None else f"{v:.5f}"
+  lines = ["# A rerun against the committed study", "", f"- made by `{command}`",
+           f"- rerun: `{sources[0]}`; committed: `{sources[1]}`",
+           f"- {len(pairs)} runs paired by their whole config, {aggregate['identical']} with identical "
+           f"training curves (as stored, 5 decimals); {unmatched} rerun runs without a committed twin",
+           ""]
+  if diffs:
+    lines += [f"|final validation loss, rerun minus committed|: median {np.median(diffs):.4f}, "
+              f"max {max(diffs):.4f}", ""]
+  lines += ["| method | P | lr | seed | final val (committed) | final val (rerun) | difference | "
+            "final smoothed (committed) | final smoothed (rerun) | identical curve | first differing step |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for p in pairs:
+    d = p["final_val_difference"]
+    lines.append(f"| {p['method']} | {p['P']} | {p['lr']:g} | {p['seed']} | "
+                 f"{fmt(p['final_val']['committed'])} | {fmt(p['final_val']['rerun'])} | "
+                 f"{'-' if d is None else f'{d:+.5f}'} | "
+                 f"{fmt(p['final_smoothed']['committed'])} | {fmt(p['final_smoothed']['rerun'])} | "
+                 f"{'yes' if p['identical'] else 'no'} | {p['first_difference_step'] or '-'} |")
+  (out / "report.md").write_text("\n".join(lines) + "\n")
+  summary = {"command": command, "sources": list(sources), "aggregate": aggregate, "pairs": pairs}
+  (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+  return summary
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m experiments.studies.rerun", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("new", help=f"the rerun: a folder holding {curves.FILE}")
+  parser.add_argument("--against", required=True, help=f"the committed study: a folder holding {curves.FILE}")
+  parser.add_argument("--out", required=True, help="where to write report.md and summary.json")
+  args = parser.parse_args(argv)
+  new, old = curves.read(args.new), curves.read(args.against)
+  pairs, unmatched = study(new["runs"], old["runs"], old["meta"]["window"])
+  if not pairs:
+    raise ValueError(f"no run of {args.new!r} has a twin in {args.against!r} (same config)")
+  command = f"python -m experiments.studies.rerun {args.new} --against {args.against} --out {args.out}"
+  summary = write(pairs, unmatched, (args.new, args.against), pathlib.Path(args.out), command)
+  print(f"wrote {args.out}/report.md: {len(pairs)} pairs, {summary['aggregate']['identical']} identical")
+  return summary
+
+
+if __name__ == "__main__":
+  cli.exit_process(cli.run(main))
