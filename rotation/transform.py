@@ -579,9 +579,12 @@ def scale_by_basis_rotation(
         if freeze_after is not None:
           warm_now = warm_now & (count <= freeze_after)
         branch = jnp.where(count == 1, 1, jnp.where(warm_now, 2, 0))
-        got = jax.lax.switch(branch, [lambda al: _batched(keep, al, together),
-                                      lambda al: _batched(each(cold), al, together),
-                                      lambda al: _batched(each(warm), al, together)], group)
+        # stacked before the switch, split after it: its operands and results are a few stacks, not
+        # every piece (XLA copies each result that a branch passes through unchanged)
+        stacks, split = _stack(group, together)
+        got = split(jax.lax.switch(branch, [lambda st: [keep(x) for x in st],
+                                            lambda st: [each(cold)(x) for x in st],
+                                            lambda st: [each(warm)(x) for x in st]], stacks))
       for k, o in zip(ks, got):
         outs[k] = o
     results = []
@@ -658,28 +661,39 @@ def scale_by_basis_rotation(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _batched(fn, arg_list, together: bool) -> list:
-  """``fn`` (a function of K-stacked arguments whose outputs are K-stacked) on each element of
-  ``arg_list``; when ``together``, the elements of equal structure, trailing shapes and dtypes run
-  as one concatenated stack, split back afterwards (the same numbers per matrix, fewer ops)."""
+def _stack(arg_list, together: bool) -> tuple[list, Callable]:
+  """``(stacks, split)``: when ``together``, the elements of ``arg_list`` of equal structure,
+  trailing shapes and dtypes concatenated into one stack each (otherwise each element its own), and
+  ``split``, which takes per-stack results (K-stacked like their stack) back to one per element."""
   if not together:
-    return [fn(a) for a in arg_list]
+    return list(arg_list), list
   groups = {}
   for i, a in enumerate(arg_list):
     sig = (jax.tree.structure(a), tuple((x.shape[1:], x.dtype) for x in jax.tree.leaves(a)))
     groups.setdefault(sig, []).append(i)
-  out = [None] * len(arg_list)
-  for members in groups.values():
-    if len(members) == 1:
-      out[members[0]] = fn(arg_list[members[0]])
-      continue
-    sizes = [jax.tree.leaves(arg_list[i])[0].shape[0] for i in members]
-    res = fn(jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *[arg_list[i] for i in members]))
-    start = 0
-    for i, k in zip(members, sizes):
-      out[i] = jax.tree.map(lambda x, start=start, k=k: x[start:start + k], res)
-      start += k
-  return out
+  members = list(groups.values())
+  stacks = [arg_list[m[0]] if len(m) == 1 else
+            jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *[arg_list[i] for i in m]) for m in members]
+
+  def split(results):
+    out = [None] * len(arg_list)
+    for m, res in zip(members, results):
+      start = 0
+      for i in m:
+        k = jax.tree.leaves(arg_list[i])[0].shape[0]
+        out[i] = res if len(m) == 1 else jax.tree.map(lambda x, start=start, k=k: x[start:start + k], res)
+        start += k
+    return out
+
+  return stacks, split
+
+
+def _batched(fn, arg_list, together: bool) -> list:
+  """``fn`` (a function of K-stacked arguments whose outputs are K-stacked) on each element of
+  ``arg_list``; when ``together``, the elements of equal structure, trailing shapes and dtypes run
+  as one concatenated stack, split back afterwards (the same numbers per matrix, fewer ops)."""
+  stacks, split = _stack(arg_list, together)
+  return split([fn(x) for x in stacks])
 
 
 def _owned(values, owners, n) -> list:
