@@ -147,6 +147,27 @@ def _summary_numbers() -> list[float]:
   return found
 
 
+def test_every_decimal_of_the_study_write_up_is_in_a_committed_result():
+  # docs/study.md quotes summaries, reports and results tables of docs/results (the paper's own
+  # numbers included: every report's claims table states them); nothing else
+  results = ROOT / "docs" / "results"
+  text = " ".join(p.read_text() for pattern in ("*/report.md", "*/results.csv", "*/summary.json")
+                  for p in results.glob(pattern))
+  held = set(re.findall(r"(?<![\w.])(\d+\.\d+)", text))
+  numbers = np.asarray(_summary_numbers() + [float(t) for t in held])
+  missing = []
+  for line in (ROOT / "docs" / "study.md").read_text().splitlines():
+    for m in re.finditer(r"(?<![\w.])(\d+\.\d+)(%?)", line):
+      t, percent = m.group(1), m.group(2)
+      value, decimals = float(t), len(t.split(".")[1])
+      hits = np.round(numbers, decimals) == value
+      if percent:
+        hits |= np.round(numbers * 100, decimals) == value
+      if not hits.any() and t not in held:
+        missing.append(f"{t}{percent} in: {line.strip()[:80]}")
+  assert not missing, missing
+
+
 def test_every_decimal_of_the_readmes_answer_is_in_a_committed_summary():
   answer = README[README.index("**Does basis rotation"):README.index("<!-- generated from")]
   numbers = np.asarray(_summary_numbers())
