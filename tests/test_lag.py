@@ -64,3 +64,17 @@ def test_without_the_reference_decay_nothing_is_claimed_or_chosen(tmp_path):
     path.mkdir()
     curves.write(path / curves.FILE, {"window": 30, "command": "c"}, [])
     lag.main([str(path), "--out", str(tmp_path / "o2")])
+
+
+def test_refer_reads_runs_published_elsewhere_without_copying_them(tmp_path):
+  main = _sweep(tmp_path / "main", 0.999, 6.0, 0.0)  # the main study's runs, published there
+  lagged = _sweep(tmp_path / "b", 0.99, 4.0, 0.0)
+  out = tmp_path / "out"
+  summary = lag.main([str(lagged), "--refer", str(main), "--out", str(out)])
+  assert summary["command"] == f"python -m experiments.studies.lag {out} --refer {main} --out {out}"
+  kept = {r["name"] for r in curves.read(out)["runs"]}
+  assert kept == {r["name"] for r in curves.read(lagged)["runs"]}  # none of main's
+  assert summary["chosen"] == 0.99 and [c["verdict"] for c in summary["claims"]] == ["reproduced"]
+  report = (out / "report.md").read_text()
+  again = lag.main([str(out), "--refer", str(main), "--out", str(out)])  # --out and --refer rebuild it
+  assert again == summary and (out / "report.md").read_text() == report

@@ -17,8 +17,9 @@ per-seed difference's interval reaches zero or below).
 
 Writes ``report.md``, ``lag.png`` (slowdown per decay, each seed a point) and ``summary.json``
 (``{"decays": [{"decay", "seeds", "slowdown", "per_seed", "val_p1", "val_top", ...}], "claims",
-"chosen"}``), and the merged runs as this folder's ``curves.json.xz`` (``--out`` as the only SOURCE
-rebuilds it).
+"chosen"}``), and the merged runs as this folder's ``curves.json.xz``, except those of the
+``--refer`` folders (published elsewhere, e.g. the main study's 0.999 runs): ``--out`` as the only
+SOURCE, with the same ``--refer``, rebuilds the study.
 """
 
 from __future__ import annotations
@@ -180,17 +181,21 @@ def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m experiments.studies.lag", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("sources", nargs="+", help=f"folders holding {curves.FILE}")
+  parser.add_argument("--refer", nargs="+", default=[], help=f"folders holding {curves.FILE} whose "
+                      "runs are read but not copied into --out (published elsewhere)")
   parser.add_argument("--out", required=True, help="where to write report.md, lag.png, summary.json "
                       f"and the merged {curves.FILE}")
   args = parser.parse_args(argv)
-  data, runs = rotation_runs(args.sources)
+  data, runs = rotation_runs(args.sources + args.refer)
   rows, decided, decay, why = study(runs, data["meta"]["window"])
   if not rows:
     raise ValueError(f"no decay in {args.sources} has rotation at P = 1 and at P > 1 on a shared seed")
   out = pathlib.Path(args.out)
-  command = f"python -m experiments.studies.lag {args.out} --out {args.out}"  # rebuilds from --out alone
+  refer = "".join(f" --refer {r}" if i == 0 else f" {r}" for i, r in enumerate(args.refer))
+  command = f"python -m experiments.studies.lag {args.out}{refer} --out {args.out}"  # rebuilds from --out
   summary = write(rows, decided, decay, why, data, out, command)
-  curves.write(out / curves.FILE, data["meta"], runs)
+  elsewhere = {r["name"] for source in args.refer for r in curves.read(source)["runs"]}
+  curves.write(out / curves.FILE, data["meta"], [r for r in runs if r["name"] not in elsewhere])
   print(f"wrote {out / 'report.md'}: chosen decay {decay}; " + "; ".join(
       f"{c['verdict']}: {c['claim']}" for c in summary["claims"]))
   return summary
