@@ -3,6 +3,7 @@ synthetic runs."""
 
 
 import json
+import lzma
 
 import numpy as np
 import pytest
@@ -222,3 +223,26 @@ def test_add_merges_rerun_seeds_into_a_study_and_the_merged_curves_rebuild_it(tm
   clash = _write_study(tmp_path / "clash", [_curve_run("rotation", 8, 9.0, 0)])
   with pytest.raises(ValueError, match="differs between the files"):
     report.main([str(first), "--add", str(clash)])
+
+
+def test_block_stores_compacted_curves_that_alone_rebuild_the_report(tmp_path):
+  runs = [r for s in (0, 1) for m, sp in (("pipedream", 4.0), ("rotation", 2.0))
+          for r in (_curve_run(m, 1, 1.0, s), _curve_run(m, 8, sp * (1 + 0.05 * s), s))]
+  full = _write_study(tmp_path / "full", runs)
+  out = tmp_path / "small"
+  summary = report.main([str(full), "--block", "10", "--out", str(out)])
+  raw_file = json.loads(lzma.decompress((out / curves.FILE).read_bytes()))
+  assert all(r["loss_every"] == 10 for r in raw_file["runs"])
+  stored = curves.read(out)["runs"]
+  for r, raw in zip(sorted(stored, key=lambda r: r["name"]), sorted(runs, key=lambda r: r["name"])):
+    x = np.asarray(raw["losses"])  # per step, each block's mean repeated (rounded to 5 decimals)
+    want = np.repeat([x[i:i + 10].mean() for i in range(0, len(x), 10)], 10)[:len(x)]
+    np.testing.assert_allclose(r["losses"], want, atol=6e-6)
+  full_summary = report.main([str(full), "--out", str(tmp_path / "ref")])
+  slow = lambda s: s["headline"]["rotation"]["8"]["mean"]
+  assert slow(summary) == pytest.approx(slow(full_summary), rel=0.05)  # block means: close, not equal
+  text = (out / "report.md").read_text()
+  again = report.main([str(out)])  # the compacted curves alone rebuild every number
+  assert again["headline"] == summary["headline"] and (out / "report.md").read_text() == text
+  with pytest.raises(ValueError, match="--block needs"):
+    report.main([str(full), "--block", "10"])

@@ -4,8 +4,11 @@ SOURCE is a folder holding ``curves.json.xz`` (a sweep's ``--out``, or a publish
 ``docs/results/<study>``). The report is computed from those curves alone, in seconds, with nothing
 trained: ``report.md`` (tables, claims and verdicts), ``results.csv``, ``summary.json`` and the
 figures, into ``--out`` (default SOURCE). ``--methods`` keeps only those methods' runs; the headline
-of a method depends on its own runs only, so it does not change. ``--readme`` rewrites the README's
-generated tables from the published reports they name.
+of a method depends on its own runs only, so it does not change. ``--block N --out DIR`` first writes
+SOURCE's runs into DIR's curves file with each training loss stored as means over blocks of N steps
+(``curves.compact``: a tenth of the bytes at N = 10), then builds the report from those, so that
+``python -m experiments.report DIR`` rebuilds every number from what DIR holds. ``--readme`` rewrites
+the README's generated tables from the published reports they name.
 
 ``summary.json``: ``{"command", "commit", "hosts", "headline": {method: {P: {"mean", "min", "max",
 "ci95", "seeds"}}}, "claims": [{"claim", "verdict", "evidence", "paper"}], "readings": ...}``.
@@ -248,6 +251,8 @@ def main(argv=None):
   parser.add_argument("--add", nargs="+", default=[], metavar="FOLDER", help=f"first merge the runs "
                       f"of these folders' {curves_lib.FILE} into SOURCE's (its rerun seeds, say), "
                       "rewriting SOURCE's curves file")
+  parser.add_argument("--block", type=int, help="store the runs in --out's curves file as training-loss "
+                      "means over blocks of this many steps, and build the report from them")
   parser.add_argument("--readme", help="rewrite this README's generated tables (after rebuilding "
                       "SOURCE, if given)")
   args = parser.parse_args(argv)
@@ -262,6 +267,14 @@ def main(argv=None):
       curves_lib.write(target, merged["meta"], merged["runs"])
       print(f"merged {len(merged['runs'])} runs into {target}")
     source = args.source
+    if args.block is not None:
+      if args.block < 1 or not args.out or pathlib.Path(args.out).resolve() == pathlib.Path(source).resolve():
+        raise ValueError(f"--block needs an int >= 1 and an --out other than SOURCE, got --block "
+                         f"{args.block}, --out {args.out}")
+      compacted = curves_lib.merge([source], block=args.block)
+      pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
+      curves_lib.write(pathlib.Path(args.out) / curves_lib.FILE, compacted["meta"], compacted["runs"])
+      source, args.out = args.out, None  # the report comes from the compacted curves alone
     command = f"python -m experiments.report {source}" + (f" --out {args.out}" if args.out else "") + (
         f" --methods {' '.join(args.methods)}" if args.methods else "")
     summary = build(source, args.out, args.methods, command)
