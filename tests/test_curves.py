@@ -86,3 +86,29 @@ def test_compact_stores_block_means_that_read_repeats_and_compacting_twice_chang
   back = curves.read(tmp_path)["runs"][0]
   assert back["losses"][:100] == [49.5] * 100 and len(back["losses"]) == 260
   assert curves.compact(back, 100)["losses"] == once["losses"]
+
+
+def test_five_decimal_losses_go_to_the_binary_block_exactly_and_other_values_stay_json(tmp_path):
+  import lzma
+
+  rng = np.random.default_rng(3)
+  decimal = [round(float(v), 5) for v in rng.uniform(0, 12, 3000)] + [None, float("inf"), 21474.83646]
+  raw = rng.uniform(1, 3, 50).tolist()  # more than 5 decimals: kept as they are, in the JSON
+  runs = [{"name": "a", "losses": decimal, "val_losses": [2.5]},
+          {"name": "b", "losses": raw, "val_losses": [2.0]},
+          {"name": "c", "losses": [1.5, -2.25, 30000.0], "val_losses": []}]  # 30000 overflows int32
+  path = tmp_path / curves.FILE
+  curves.write(path, {"window": 5}, runs)
+  text, _, blob = lzma.decompress(path.read_bytes()).partition(b"\n")
+  stored = {r["name"]: r for r in json.loads(text)["runs"]}
+  assert stored["a"]["losses_int32"] == len(decimal) and "losses" not in stored["a"]
+  assert stored["b"]["losses"] == raw and stored["c"]["losses"] == [1.5, -2.25, 30000.0]
+  assert len(blob) == 4 * len(decimal)
+  got = {r["name"]: r for r in curves.read(path)["runs"]}
+  want = [float("inf") if v is None else v for v in decimal]
+  assert got["a"]["losses"] == want  # exactly the same floats, not merely close
+  assert got["b"]["losses"] == raw and got["c"]["losses"] == [1.5, -2.25, 30000.0]
+  as_text = lzma.compress(json.dumps({"meta": {"window": 5}, "runs": runs[:1]}).encode(),
+                          preset=9 | lzma.PRESET_EXTREME)
+  curves.write(path, {"window": 5}, runs[:1])
+  assert path.stat().st_size < 0.9 * len(as_text)  # the point of the binary block

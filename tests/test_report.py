@@ -231,7 +231,7 @@ def test_block_stores_compacted_curves_that_alone_rebuild_the_report(tmp_path):
   full = _write_study(tmp_path / "full", runs)
   out = tmp_path / "small"
   summary = report.main([str(full), "--block", "10", "--out", str(out)])
-  raw_file = json.loads(lzma.decompress((out / curves.FILE).read_bytes()))
+  raw_file = json.loads(lzma.decompress((out / curves.FILE).read_bytes()).partition(b"\n")[0])
   assert all(r["loss_every"] == 10 for r in raw_file["runs"])
   stored = curves.read(out)["runs"]
   for r, raw in zip(sorted(stored, key=lambda r: r["name"]), sorted(runs, key=lambda r: r["name"])):
