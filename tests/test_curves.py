@@ -112,3 +112,14 @@ def test_five_decimal_losses_go_to_the_binary_block_exactly_and_other_values_sta
                           preset=9 | lzma.PRESET_EXTREME)
   curves.write(path, {"window": 5}, runs[:1])
   assert path.stat().st_size < 0.9 * len(as_text)  # the point of the binary block
+
+
+def test_a_runs_model_revision_is_recorded_and_a_mix_of_revisions_is_said():
+  result = {**_result([2.0, 1.5]), "identity": {"model_revision": 2}}
+  assert curves.record("main", result)["model_revision"] == 2
+  assert "model_revision" not in curves.record("main", _result([2.0, 1.5]))  # not recorded: absent
+  same = [{"model_revision": 2}, {"model_revision": 2}]
+  assert curves.revision_lines(same) == []
+  line, = curves.revision_lines(same + [{"model_revision": 1}, {}])
+  assert line.startswith("- **runs of more than one model revision**")
+  assert "revision 1 (1 runs), revision 2 (2 runs), unrecorded (1 runs)" in line

@@ -114,6 +114,7 @@ def header(meta: dict, runs: list, command: str) -> list:
         f"{h.get('cpu')} ({h.get('cores')} cores)" for h in cpus) + " (a run's numbers depend on both)")
   elif cpus:
     lines.append(f"- every run trained on one CPU: {cpus[0].get('cpu')} ({cpus[0].get('cores')} cores)")
+  lines += curves_lib.revision_lines(distinct.values())
   schedules = sorted({r["config"].get("schedule", "1f1b") for r in runs if r["config"]["stages"] > 1})
   names = {"1f1b": "PipeDream 1F1B (stage k lags P - 1 - k updates)",
            "2bw": "PipeDream-2BW (every stage one update behind, whatever P)"}

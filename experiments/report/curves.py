@@ -2,17 +2,17 @@
 
 ``curves.json.xz`` holds what the report needs and nothing it does not: the study's description
 (``meta``: command, preset, window, deviations, data, learning-rate readings) and, per run, its
-group (``main``, ``tuned-lr`` or an ablation's name), name, config, status, training loss and
-validation losses (rounded to 5 decimals: the report is computed from the stored values, so a
-rebuild gives the published numbers exactly), its timing, the CPU it trained on and the code
-version. The training loss is stored per step up to ``MAX_POINTS`` steps; a longer run stores the
-means over consecutive blocks of ``loss_every = ceil(steps / MAX_POINTS)`` steps, which ``read``
-repeats back to one value per step (so every metric still sees one loss per step, at a resolution
-of ``loss_every`` steps). The training losses are stored as integers (the loss times 10^5, exact
-for 5-decimal values) in a binary block after the JSON, which compresses a sixth smaller than their
-decimal text: about 5 KB per 2,400-step run (xz). A run whose losses are not all 5-decimal values
-keeps them in the JSON. ``read`` also reads files whose losses are all in the JSON, and the older
-``curves.json.gz``.
+group (``main``, ``tuned-lr`` or an ablation's name), name, config, model revision (where the run
+recorded one), status, training loss and validation losses (rounded to 5 decimals: the report is
+computed from the stored values, so a rebuild gives the published numbers exactly), its timing,
+the CPU it trained on and the code version. The training loss is stored per step up to
+``MAX_POINTS`` steps; a longer run stores the means over consecutive blocks of ``loss_every =
+ceil(steps / MAX_POINTS)`` steps, which ``read`` repeats back to one value per step (so every
+metric still sees one loss per step, at a resolution of ``loss_every`` steps). The training losses
+are stored as integers (the loss times 10^5, exact for 5-decimal values) in a binary block after
+the JSON, which compresses a sixth smaller than their decimal text: about 5 KB per 2,400-step run
+(xz). A run whose losses are not all 5-decimal values keeps them in the JSON. ``read`` also reads
+files whose losses are all in the JSON, and the older ``curves.json.gz``.
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ def record(group: str, result: dict) -> dict:
          "val_steps": result.get("val_steps", []), "val_losses": _round(result.get("val_losses", [])),
          "seconds": result.get("seconds"), "steps_per_second": result.get("steps_per_second"),
          "jobs": result.get("jobs"), "host": versions.get("host"), "code": versions.get("code")}
+  revision = (result.get("identity") or {}).get("model_revision")
+  if revision is not None:
+    out["model_revision"] = revision
   if every > 1:
     out["loss_every"], out["num_losses"] = every, len(result["losses"])
   if result.get("diagnostics"):
@@ -178,6 +181,21 @@ def merge(paths, block: int | None = None) -> dict:
       if held["losses"] != r["losses"] or held["config"] != r["config"]:
         raise ValueError(f"run {r['name']!r} differs between the files: rerun or drop one of them")
   return {"meta": {**meta, "sweeps": sweeps}, "runs": list(merged.values())}
+
+
+def revision_lines(runs) -> list:
+  """A report line (``- ...``) when ``runs`` hold more than one model revision (run identity's
+  ``model_revision``, ``experiments.harness.config.MODEL_REVISION``: the same model to float32
+  round-off, another trajectory), counting the runs of each; none otherwise."""
+  counts = {}
+  for r in runs:
+    counts[r.get("model_revision")] = counts.get(r.get("model_revision"), 0) + 1
+  if len(counts) < 2:
+    return []
+  name = lambda v: "unrecorded" if v is None else f"revision {v}"
+  return ["- **runs of more than one model revision** (the same model to float32 round-off, "
+          "another trajectory): " + ", ".join(f"{name(v)} ({n} runs)" for v, n in
+                                              sorted(counts.items(), key=lambda kv: str(kv[0])))]
 
 
 def hosts_of(runs) -> list:

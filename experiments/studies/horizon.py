@@ -46,8 +46,9 @@ def _gains(group, window: int) -> tuple[list, list]:
                        None) for t in tables]
 
 
-def horizon_rows(sources) -> tuple[list, list]:
-  """Per T: the rows of the report and of ``gain_vs_horizon``, and the hosts of every run. The
+def horizon_rows(sources) -> tuple[list, list, list]:
+  """Per T: the rows of the report and of ``gain_vs_horizon``, the hosts of every run and the
+  report's line on mixed model revisions (``curves.revision_lines``). The
   primary endpoint's horizons are one family (docs/protocol.md): rotation's gain > 1 at each T,
   Holm-corrected over the horizons, on the log scale, and robust to half and double the window."""
   runs = []
@@ -77,16 +78,16 @@ def horizon_rows(sources) -> tuple[list, list]:
                  "gains": gains,
                  "gain": claim.interval, "verdict": claim.verdict, "why": claim.why, "claim": claim,
                  "at": at, "first": first})
-  return rows, curves.hosts_of(runs)
+  return rows, curves.hosts_of(runs), curves.revision_lines(runs)
 
 
-def write(rows, hosts, out: pathlib.Path, command: str) -> dict:
+def write(rows, hosts, out: pathlib.Path, command: str, revisions=()) -> dict:
   out.mkdir(parents=True, exist_ok=True)
   methods = sorted({m for r in rows for m in r["at"]})
   lines = ["# The staleness study against the training horizon", "",
            f"- made by `{command}`",
            "- runs from " + ("one CPU: " if len(hosts) == 1 else "**more than one CPU**: ")
-           + "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in hosts), "",
+           + "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in hosts), *revisions, "",
            "Per horizon T: rotation's staleness gain over the best baseline at the largest P (> 1: "
            "its lead grows with staleness), each method's headline slowdown from P = 1 and its final "
            "smoothed loss at P = 1 and at P. The gain is the primary endpoint of docs/protocol.md: "
@@ -132,11 +133,11 @@ def main(argv=None):
   parser.add_argument("sources", nargs="+", help=f"study folders holding {curves.FILE}")
   parser.add_argument("--out", required=True, help="where to write report.md, horizon.png, summary.json")
   args = parser.parse_args(argv)
-  rows, hosts = horizon_rows(args.sources)
+  rows, hosts, revisions = horizon_rows(args.sources)
   if not rows:
     raise ValueError(f"no main runs in {args.sources}")
   command = "python -m experiments.studies.horizon " + " ".join(sys.argv[1:] if argv is None else argv)
-  summary = write(rows, hosts, pathlib.Path(args.out), command)
+  summary = write(rows, hosts, pathlib.Path(args.out), command, revisions)
   print(f"wrote {args.out}/report.md: " + "; ".join(
       f"T = {g['T']}: gain {g['gain']['mean']:.2f} ({g['verdict']})" if g["gain"]
       else f"T = {g['T']}: no gain" for g in summary["gain_vs_horizon"]))

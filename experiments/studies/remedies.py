@@ -206,6 +206,7 @@ def write(scales, chosen, gaps, finals, decided, meta, runs, out: pathlib.Path, 
   lines = ["# The staleness remedies: weight prediction and delay compensation", "",
            f"- made by `{command}`", "- the sweeps: " + "; ".join(f"`{c}`" for c in meta["sweeps"]),
            f"- {len(runs)} runs, trained by commit(s) {', '.join(commits)} on {cpus or 'unrecorded CPUs'}",
+           *curves.revision_lines(runs),
            "- a remedy has no delay to act on at P = 1: both gaps of a row share the optimizer's P = 1 run "
            "(`experiments.harness.methods.reference`); Nesterov's look-ahead and PipeDream-LR's rate are "
            "read as remedies of AdamW (`pipedream`)", "",
