@@ -41,3 +41,9 @@ def test_the_gain_per_horizon_with_its_interval_and_verdict(tmp_path):
   assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
   assert (tmp_path / "out" / "horizon.png").stat().st_size > 0
   assert "| 600 | 8 | 86 | 3 |" in (tmp_path / "out" / "report.md").read_text()
+  # each method's headline slowdown per seed, for the figure: its own runs' seeds
+  slow = got[600]["slowdowns_per_seed"]
+  assert sorted(slow) == ["pipedream", "rotation"] and len(slow["rotation"]) == 3
+  for method, want in (("pipedream", 4.0), ("rotation", 8.0)):
+    assert max(abs(v / (want * (1 + 0.03 * (s - 1))) - 1) for s, v in enumerate(slow[method])) < 0.05
+  assert len(got[1200]["slowdowns_per_seed"]["rotation"]) == 1

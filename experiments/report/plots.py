@@ -137,10 +137,11 @@ def panels(by_panel: dict, path: pathlib.Path, title: str, xlabel: str) -> None:
 
 
 def gain_vs_horizon(rows, path: pathlib.Path, paper_t_per_delay: float) -> None:
-  """Rotation's staleness gain per horizon (``experiments.studies.horizon``'s rows) against ``T / tau_max``:
-  its mean with the 95% interval (or the single seed) and each seed's value, the paper's regime
-  marked."""
-  fig, ax = plt.subplots(figsize=(6, 4))
+  """Against ``T / tau_max``, per horizon (``experiments.studies.horizon``'s rows): left, rotation's
+  staleness gain, its mean with the 95% interval (or the single seed) and each seed's value; right,
+  every method's headline slowdown from P = 1, each seed a point and the geometric mean over its
+  seeds a line; the paper's regime marked on both."""
+  fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
   for r in rows:
     x = r["T"] / r["tau_max"]
     if r["gain"] is None:
@@ -153,17 +154,38 @@ def gain_vs_horizon(rows, path: pathlib.Path, paper_t_per_delay: float) -> None:
     ax.annotate(f"T = {r['T']}, {r['seeds']} seed(s)", (x, r["gain"]["mean"]), fontsize=7,
                 xytext=(5, 5), textcoords="offset points")
   ax.axhline(1.0, color="gray", lw=0.8)
-  ax.axvline(paper_t_per_delay, color="C3", ls="--", lw=1)
-  ax.text(paper_t_per_delay, ax.get_ylim()[1], "the paper's regime (about) ", color="C3", fontsize=7,
-          va="top", ha="right")
-  ax.set_xscale("log")
-  ticks = sorted({r["T"] / r["tau_max"] for r in rows} | {paper_t_per_delay})
-  ax.set_xticks(ticks, [f"{t:,.0f}" for t in ticks])
-  ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-  ax.set_xlabel("T / tau_max (training steps per step of the largest delay)")
   ax.set_ylabel("rotation's staleness gain (> 1: lead grows)")
-  ax.set_title("mean and 95% interval over seeds; open circles (left): each seed", fontsize=9)
-  ax.grid(alpha=0.3)
+  ax.set_title("rotation's gain: mean and 95% interval; open circles: each seed", fontsize=9)
+  methods = sorted({m for r in rows for m in r.get("slowdowns", {})})
+  for i, m in enumerate(methods):
+    xs, means = [], []
+    for r in rows:
+      vals = [v for v in r.get("slowdowns", {}).get(m, []) if v is not None and v > 0]
+      if not vals:
+        continue
+      x = r["T"] / r["tau_max"] * (1 + 0.04 * (i - (len(methods) - 1) / 2))
+      bx.scatter([x] * len(vals), vals, s=12, facecolors="none", edgecolors=f"C{i}", lw=0.8)
+      xs.append(x)
+      means.append(float(np.exp(np.mean(np.log(vals)))))
+    bx.plot(xs, means, marker="o", color=f"C{i}", lw=1.2, label=m)
+  bx.set_yscale("log")
+  low, high = bx.get_ylim()
+  bx.set_yticks([t for t in (1, 1.5, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50) if low <= t <= high] or [low, high])
+  bx.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+  bx.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  bx.set_ylabel("slowdown from P = 1 (headline)")
+  bx.set_title("each method's slowdown: seeds (open) and geometric mean", fontsize=9)
+  bx.legend(fontsize=7)
+  ticks = sorted({r["T"] / r["tau_max"] for r in rows} | {paper_t_per_delay})
+  for a in (ax, bx):
+    a.axvline(paper_t_per_delay, color="C3", ls="--", lw=1)
+    a.text(paper_t_per_delay, a.get_ylim()[1], "the paper's regime (about) ", color="C3", fontsize=7,
+           va="top", ha="right")
+    a.set_xscale("log")
+    a.set_xticks(ticks, [f"{t:,.0f}" for t in ticks])
+    a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    a.set_xlabel("T / tau_max (training steps per step of the largest delay)")
+    a.grid(alpha=0.3)
   save(fig, path)
 
 

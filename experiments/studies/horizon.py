@@ -74,8 +74,12 @@ def horizon_rows(sources) -> tuple[list, list, list]:
     aggregated = metrics.aggregate(tables)
     at = {r["method"]: r for r in aggregated if r["stages"] == top}
     first = {r["method"]: r for r in aggregated if r["stages"] == 1}
+    slowdowns = {}  # each method's headline per seed, over every seed of its own runs
+    for method in sorted({r["config"]["method"] for r in group}):
+      own = seed_tables(curves_by([r for r in group if r["config"]["method"] == method]), group[0]["window"])
+      slowdowns[method] = [next((x["slowdown_levels"] for x in t if x["stages"] == top), None) for t in own]
     rows.append({"T": steps, "P": top, "tau_max": top - 1, "seeds": len(gains), "common": len(tables),
-                 "gains": gains,
+                 "gains": gains, "slowdowns": slowdowns,
                  "gain": claim.interval, "verdict": claim.verdict, "why": claim.why, "claim": claim,
                  "at": at, "first": first})
   return rows, curves.hosts_of(runs), curves.revision_lines(runs)
@@ -121,7 +125,8 @@ def write(rows, hosts, out: pathlib.Path, command: str, revisions=()) -> dict:
        "verdict": r["verdict"], "why": r["why"], "per_seed": r["gains"],
        "p": r["claim"].p, "p_holm": r["claim"].p_holm, "scale": "log",
        "gain": ({k: r["gain"][k] for k in ("mean", "min", "max", "ci95")} | {
-           "level": r["gain"].get("level", 0.95)} if r["gain"] else None)}
+           "level": r["gain"].get("level", 0.95)} if r["gain"] else None),
+       "slowdowns_per_seed": r["slowdowns"]}
       for r in rows]}
   (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
   return summary
