@@ -40,35 +40,54 @@ def pair(new: dict, old: dict, window: int) -> dict:
           "committed_commit": (old.get("code") or {}).get("commit")}
 
 
-def study(new_runs, old_runs, window: int) -> tuple[list, int]:
+def study(new_runs, old_runs, window: int) -> tuple[list, int, dict]:
+  """``(pairs, rerun runs without a twin, {"rerun", "committed": {"hosts", "commits"}})`` of the
+  paired runs: on which CPUs and by which code each side trained."""
   held = {curves.setting(r["config"], ()): r for r in old_runs}
-  pairs, unmatched = [], 0
+  pairs, unmatched, sides = [], 0, {"rerun": [], "committed": []}
   for r in new_runs:
     old = held.get(curves.setting(r["config"], ()))
     if old is None:
       unmatched += 1
     else:
       pairs.append(pair(r, old, window))
+      sides["rerun"].append(r)
+      sides["committed"].append(old)
   pairs.sort(key=lambda p: (p["method"], p["P"], p["lr"], p["seed"]))
-  return pairs, unmatched
+  provenance = {k: {"hosts": curves.hosts_of(v),
+                    "commits": sorted({str((r.get("code") or {}).get("commit"))[:12] for r in v})}
+                for k, v in sides.items()}
+  return pairs, unmatched, provenance
 
 
-def write(pairs, unmatched, sources, out: pathlib.Path, command: str) -> dict:
-  out.mkdir(parents=True, exist_ok=True)
+def _spread(pairs) -> dict | None:
   diffs = [abs(p["final_val_difference"]) for p in pairs if p["final_val_difference"] is not None]
+  return None if not diffs else {"median": float(np.median(diffs)), "max": float(max(diffs))}
+
+
+def write(pairs, unmatched, sources, out: pathlib.Path, command: str, provenance=None) -> dict:
+  out.mkdir(parents=True, exist_ok=True)
+  spread = _spread(pairs)
+  by_p = {str(p): _spread([x for x in pairs if x["P"] == p]) for p in sorted({x["P"] for x in pairs})}
   aggregate = {"pairs": len(pairs), "identical": sum(p["identical"] for p in pairs),
-               "unmatched": unmatched,
-               "abs_final_val_difference": None if not diffs else
-               {"median": float(np.median(diffs)), "max": float(max(diffs))}}
+               "unmatched": unmatched, "abs_final_val_difference": spread,
+               "abs_final_val_difference_by_P": by_p}
   fmt = lambda v: "-" if v is None else f"{v:.5f}"
+  cpus = lambda side: "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in side["hosts"]) or "-"
   lines = ["# A rerun against the committed study", "", f"- made by `{command}`",
-           f"- rerun: `{sources[0]}`; committed: `{sources[1]}`",
-           f"- {len(pairs)} runs paired by their whole config, {aggregate['identical']} with identical "
-           f"training curves (as stored, 5 decimals); {unmatched} rerun runs without a committed twin",
-           ""]
-  if diffs:
-    lines += [f"|final validation loss, rerun minus committed|: median {np.median(diffs):.4f}, "
-              f"max {max(diffs):.4f}", ""]
+           f"- rerun: `{sources[0]}`; committed: `{sources[1]}`"]
+  if provenance:
+    lines += [f"- CPUs: rerun {cpus(provenance['rerun'])}; committed {cpus(provenance['committed'])}",
+              f"- code commits: rerun {', '.join(provenance['rerun']['commits'])}; committed "
+              f"{', '.join(provenance['committed']['commits'])}"]
+  lines += [f"- {len(pairs)} runs paired by their whole config, {aggregate['identical']} with identical "
+            f"training curves (as stored, 5 decimals); {unmatched} rerun runs without a committed twin",
+            ""]
+  if spread:
+    lines += [f"|final validation loss, rerun minus committed|: median {spread['median']:.4f}, "
+              f"max {spread['max']:.4f}; " + "; ".join(
+                  f"at P = {p}: median {v['median']:.4f}, max {v['max']:.4f}" for p, v in by_p.items() if v),
+              ""]
   lines += ["| method | P | lr | seed | final val (committed) | final val (rerun) | difference | "
             "final smoothed (committed) | final smoothed (rerun) | identical curve | first differing step |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -80,7 +99,8 @@ def write(pairs, unmatched, sources, out: pathlib.Path, command: str) -> dict:
                  f"{fmt(p['final_smoothed']['committed'])} | {fmt(p['final_smoothed']['rerun'])} | "
                  f"{'yes' if p['identical'] else 'no'} | {p['first_difference_step'] or '-'} |")
   (out / "report.md").write_text("\n".join(lines) + "\n")
-  summary = {"command": command, "sources": list(sources), "aggregate": aggregate, "pairs": pairs}
+  summary = {"command": command, "sources": list(sources), "provenance": provenance,
+             "aggregate": aggregate, "pairs": pairs}
   (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
   return summary
 
@@ -93,11 +113,11 @@ def main(argv=None):
   parser.add_argument("--out", required=True, help="where to write report.md and summary.json")
   args = parser.parse_args(argv)
   new, old = curves.read(args.new), curves.read(args.against)
-  pairs, unmatched = study(new["runs"], old["runs"], old["meta"]["window"])
+  pairs, unmatched, provenance = study(new["runs"], old["runs"], old["meta"]["window"])
   if not pairs:
     raise ValueError(f"no run of {args.new!r} has a twin in {args.against!r} (same config)")
   command = f"python -m experiments.studies.rerun {args.new} --against {args.against} --out {args.out}"
-  summary = write(pairs, unmatched, (args.new, args.against), pathlib.Path(args.out), command)
+  summary = write(pairs, unmatched, (args.new, args.against), pathlib.Path(args.out), command, provenance)
   print(f"wrote {args.out}/report.md: {len(pairs)} pairs, {summary['aggregate']['identical']} identical")
   return summary
 
