@@ -126,7 +126,8 @@ def test_every_relative_link_resolves():
 
 def test_the_readme_is_a_front_door():
   assert len(README.splitlines()) <= 250
-  assert sum(p.stat().st_size for p in (ROOT / "docs" / "results").rglob("*") if p.is_file()) < 2 * 2**20
+  # docs/results stays under 2 MB (the developers' guide), counted in bytes
+  assert sum(p.stat().st_size for p in (ROOT / "docs" / "results").rglob("*") if p.is_file()) < 2_000_000
 
 
 def _summary_numbers() -> list[float]:
