@@ -246,3 +246,9 @@ def test_block_stores_compacted_curves_that_alone_rebuild_the_report(tmp_path):
   assert again["headline"] == summary["headline"] and (out / "report.md").read_text() == text
   with pytest.raises(ValueError, match="--block needs"):
     report.main([str(full), "--block", "10"])
+  bare = tmp_path / "bare"  # the same study without figures: the same numbers, no PNG written
+  quiet = report.main([str(full), "--block", "10", "--out", str(bare), "--no-figures"])
+  assert quiet["headline"] == summary["headline"] and not list(bare.glob("*.png"))
+  text = (bare / "report.md").read_text()
+  assert "## Figures" not in text and "No figures are published with this study" in text
+  assert quiet["rebuilt_by"] == f"python -m experiments.report {bare} --no-figures"

@@ -7,8 +7,9 @@ figures, into ``--out`` (default SOURCE). ``--methods`` keeps only those methods
 of a method depends on its own runs only, so it does not change. ``--block N --out DIR`` first writes
 SOURCE's runs into DIR's curves file with each training loss stored as means over blocks of N steps
 (``curves.compact``: a tenth of the bytes at N = 10), then builds the report from those, so that
-``python -m experiments.report DIR`` rebuilds every number from what DIR holds. ``--readme`` rewrites
-the README's generated tables from the published reports they name.
+``python -m experiments.report DIR`` rebuilds every number from what DIR holds. ``--no-figures``
+writes everything but the figures (a study of many runs kept small). ``--readme`` rewrites the
+README's generated tables from the published reports they name.
 
 ``summary.json``: ``{"command", "commit", "hosts", "headline": {method: {P: {"mean", "min", "max",
 "ci95", "seeds"}}}, "claims": [{"claim", "verdict", "evidence", "paper"}], "readings": ...}``.
@@ -21,6 +22,7 @@ import csv
 import json
 import pathlib
 import re
+import tempfile
 
 import numpy as np
 
@@ -148,10 +150,10 @@ def report_claims(main, second, choice, groups, window: int) -> list:
   return out + claims_lib.ablation_claims(groups, window, tables)
 
 
-def build(source, out=None, methods=None, command: str | None = None) -> dict:
-  """Writes report.md, results.csv, summary.json and the figures of the study in ``source`` (a
-  folder holding ``curves.json.xz``, or the file) into ``out`` (default: its folder); returns the
-  summary."""
+def build(source, out=None, methods=None, command: str | None = None, figures: bool = True) -> dict:
+  """Writes report.md, results.csv, summary.json and (unless ``figures`` is false) the figures of
+  the study in ``source`` (a folder holding ``curves.json.xz``, or the file) into ``out`` (default:
+  its folder); returns the summary."""
   data = curves_lib.read(source)
   source = pathlib.Path(source)
   out = pathlib.Path(out) if out is not None else (source if source.is_dir() else source.parent)
@@ -168,7 +170,8 @@ def build(source, out=None, methods=None, command: str | None = None) -> dict:
   write_csv(out / "results.csv", runs, window)
   main, second, choice = choose_rates([r for r in runs if r["group"] == "main"],
                                       [r for r in runs if r["group"] == TUNED])
-  ctx = sections.Context(out, window, main, [])
+  scratch = None if figures else tempfile.TemporaryDirectory()  # where the figures go unpublished
+  ctx = sections.Context(out if figures else pathlib.Path(scratch.name), window, main, [])
   lines = header(meta, runs, command) + rates_section(choice)
   tables = []
   if main:
@@ -188,7 +191,12 @@ def build(source, out=None, methods=None, command: str | None = None) -> dict:
                                                            windows[label]))
   plumbing = bool(meta.get("plumbing"))
   lines += claims_lib.section(claims, plumbing)
-  lines += ["## Figures", ""] + [f"![{f}]({f})" for f in ctx.figures] + [""]
+  if figures:
+    lines += ["## Figures", ""] + [f"![{f}]({f})" for f in ctx.figures] + [""]
+  else:
+    scratch.cleanup()
+    lines += ["No figures are published with this study (docs/results' size); `python -m "
+              f"experiments.report {source} --out DIR` draws them from the same curves.", ""]
   (out / "report.md").write_text("\n".join(lines))
   summary = {"command": meta["command"], "rebuilt_by": command,
              "commit": (meta.get("code") or {}).get("commit"),
@@ -252,6 +260,8 @@ def main(argv=None):
   parser.add_argument("--add", nargs="+", default=[], metavar="FOLDER", help=f"first merge the runs "
                       f"of these folders' {curves_lib.FILE} into SOURCE's (its rerun seeds, say), "
                       "rewriting SOURCE's curves file")
+  parser.add_argument("--no-figures", action="store_true", help="write no figures (the report says "
+                      "how to draw them)")
   parser.add_argument("--block", type=int, help="store the runs in --out's curves file as training-loss "
                       "means over blocks of this many steps, and build the report from them")
   parser.add_argument("--readme", help="rewrite this README's generated tables (after rebuilding "
@@ -277,8 +287,9 @@ def main(argv=None):
       curves_lib.write(pathlib.Path(args.out) / curves_lib.FILE, compacted["meta"], compacted["runs"])
       source, args.out = args.out, None  # the report comes from the compacted curves alone
     command = f"python -m experiments.report {source}" + (f" --out {args.out}" if args.out else "") + (
-        f" --methods {' '.join(args.methods)}" if args.methods else "")
-    summary = build(source, args.out, args.methods, command)
+        f" --methods {' '.join(args.methods)}" if args.methods else "") + (
+        " --no-figures" if args.no_figures else "")
+    summary = build(source, args.out, args.methods, command, figures=not args.no_figures)
     print(f"wrote {pathlib.Path(args.out or args.source) / 'report.md'}")
   if args.readme is not None:
     readme = pathlib.Path(args.readme)
