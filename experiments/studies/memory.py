@@ -1,0 +1,181 @@
+"""``python -m experiments.studies.memory SOURCE [SOURCE ...] --out DIR``: a staleness-aware memory.
+
+The study of docs/protocol.md's amendment 2: rotation with the paper's statistics decay
+(``rotation``), the best uniform decay of the estimation-lag study (``rotation-fast``, 0.95), the
+staleness-aware decay fixed in advance (``rotation-stage-decay``: each stage's memory shortened by
+its delay, ``rotation.stage_aware_decay``), Nesterov and Muon, at P = 1, 4 and 16, under 1F1B and
+2BW, at T = 2,400 and 9,600 steps. Each SOURCE holds ``curves.json.xz`` (a sweep's
+``--finished-only --publish`` folder, or this study's ``--out``).
+
+Per schedule and T, on the seeds that hold every method's runs: each method's headline slowdown
+from P = 1 (``metrics.study_table``, the median iteration ratio over its own loss levels) at every
+P > 1, and its final validation loss at P = 1 and at every P. The claims, at the largest P of each
+schedule and T (one family under ``claims.protocol``: log scale for the ratio, Holm over the whole
+report, the window rule):
+
+- "staleness-aware rotation slows down least of every method, Muon included": per seed, the smallest
+  other method's slowdown over ``rotation-stage-decay``'s (> 1);
+- "it ends lowest": per seed, the lowest other final validation loss minus its own (> 0).
+
+Writes ``report.md``, ``summary.json`` and the merged runs as ``curves.json.xz`` with each training
+loss stored as means over blocks of ``BLOCK`` steps (``--out`` as the only SOURCE rebuilds the
+study from them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import numpy as np
+
+from experiments import cli
+from experiments.report import claims, curves, metrics
+from experiments.report.tables import curves_by, seed_tables, spread
+
+BLOCK = 10  # training-loss block mean stored per run (the slowdowns are computed from them)
+SUBJECT = "rotation-stage-decay"
+METHODS = ("rotation", "rotation-fast", SUBJECT, "nesterov", "muon")
+
+
+def groups(runs) -> dict:
+  """``{(schedule, T): runs}`` of the study's methods; a P = 1 run (no schedule: no delay) joins
+  every schedule of its T."""
+  mine = [r for r in runs if r["config"]["method"] in METHODS and r["group"] == "main"]
+  delayed = sorted({(r["config"].get("schedule", "1f1b"), r["config"]["steps"]) for r in mine
+                    if r["config"]["stages"] > 1})
+  return {(schedule, steps): [r for r in mine if r["config"]["steps"] == steps and (
+      r["config"]["stages"] == 1 or r["config"].get("schedule", "1f1b") == schedule)]
+          for schedule, steps in delayed}
+
+
+def _finals(group) -> dict:
+  """``{(method, P): {seed: final validation loss or None}}``."""
+  out = {}
+  for r in group:
+    c = r["config"]
+    out.setdefault((c["method"], c["stages"]), {})[c["seed"]] = metrics.final_val(r)
+  return out
+
+
+def rows_of(group, window: int) -> dict:
+  """One schedule and T: its seeds (those holding every method's runs), per method the per-seed
+  headline slowdown at each P > 1 and final validation loss at each P, and the claims' per-seed
+  values at the largest P."""
+  by = curves_by(group)
+  tables = seed_tables(by, window)
+  seeds = sorted(set.intersection(*(set(v) for v in by.values()))) if by else []
+  stages = sorted({p for _, p in by})
+  top = stages[-1] if stages else 1
+  finals = _finals(group)
+  methods = [m for m in METHODS if any(k[0] == m for k in by)]
+  others = [m for m in methods if m != SUBJECT]
+  at = lambda t, m, p: next((x for x in t if x["method"] == m and x["stages"] == p), None)
+  slow = {m: {str(p): [(at(t, m, p) or {}).get("slowdown_levels") for t in tables] for p in stages if p > 1}
+          for m in methods}
+  final = {m: {str(p): [finals.get((m, p), {}).get(s) for s in seeds] for p in stages} for m in methods}
+
+  def lowest(s):
+    own = finals.get((SUBJECT, top), {}).get(s)
+    if own is None:
+      return f"{SUBJECT} diverged or did not finish"
+    vals = [finals.get((m, top), {}).get(s) for m in others]
+    vals = [v for v in vals if v is not None]
+    return min(vals) - own if vals else "every other method diverged"
+
+  least = [claims.least_ratio(t, "slowdown_levels", SUBJECT, others, top) for t in tables]
+  return {"P": top, "seeds": seeds, "methods": methods, "slowdown": slow, "final_val": final,
+          "least": least if SUBJECT in methods and top > 1 else [],
+          "lowest": [lowest(s) for s in seeds] if SUBJECT in methods and top > 1 else []}
+
+
+def study(runs, window: int) -> tuple[dict, list]:
+  """``({(schedule, T): rows_of}, the claims decided under the protocol)``."""
+  found = groups(runs)
+  scale = {"reported": 1.0, "half": 0.5, "double": 2.0}
+
+  def family(label):
+    out = []
+    for (schedule, steps), group in found.items():
+      r = rows_of(group, max(1, int(window[steps] * scale[label])))
+      if not r["least"]:
+        continue
+      where = f"({schedule}, T = {steps}, P = {r['P']})"
+      out.append(claims.check(f"staleness-aware rotation slows down least of every method, Muon included "
+                              f"{where}", "beyond both papers (> 1)", r["least"], 1.0, log=True,
+                              context="smallest other method's slowdown over its own: "))
+      out.append(claims.check(f"staleness-aware rotation ends lowest {where}", "beyond both papers (> 0)",
+                              r["lowest"], 0.0, spec="{:+.4f}",
+                              context="lowest other final validation loss minus its own: "))
+    return out
+  rows = {k: rows_of(g, window[k[1]]) for k, g in found.items()}
+  return rows, claims.protocol(family)
+
+
+def write(rows: dict, decided: list, meta: dict, runs: list, out: pathlib.Path, command: str) -> dict:
+  out.mkdir(parents=True, exist_ok=True)
+  cpus = "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in curves.hosts_of(runs))
+  lines = ["# A staleness-aware statistics memory", "", f"- made by `{command}`",
+           "- the sweeps: " + "; ".join(f"`{c}`" for c in meta.get("sweeps", [])),
+           f"- {len(runs)} runs on {cpus or 'unrecorded CPUs'}", *curves.revision_lines(runs),
+           f"- `{SUBJECT}`: each stage's statistics memory shortened by its delay "
+           "(`rotation.stage_aware_decay`); `rotation-fast`: decay 0.95 at every stage", ""]
+  for (schedule, steps), r in rows.items():
+    stages = sorted(int(p) for p in r["final_val"][r["methods"][0]]) if r["methods"] else []
+    lines += [f"## {schedule.upper()}, T = {steps} (seeds {r['seeds']})", "",
+              "| method | " + " | ".join(f"slowdown P = {p}" for p in stages if p > 1) + " | "
+              + " | ".join(f"final val P = {p}" for p in stages) + " |",
+              "|---|" + "---|" * (2 * len(stages) - 1)]
+    for m in r["methods"]:
+      lines.append(f"| {m} | " + " | ".join(spread(r["slowdown"][m][str(p)]) for p in stages if p > 1)
+                   + " | " + " | ".join(spread(r["final_val"][m][str(p)], "{:.4f}") for p in stages) + " |")
+    lines.append("")
+  lines += claims.section(decided, heading="Claims, checked")
+  (out / "report.md").write_text("\n".join(lines))
+  summary = {"command": command, "hosts": curves.hosts_of(runs),
+             "groups": [{"schedule": s, "T": t, **r} for (s, t), r in rows.items()],
+             "claims": [c.summary() for c in decided]}
+  (out / "summary.json").write_text(json.dumps(summary, indent=1, default=_plain) + "\n")
+  return json.loads(json.dumps(summary, default=_plain))
+
+
+def _plain(x):
+  return float(x) if isinstance(x, np.floating) else str(x)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m experiments.studies.memory", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("sources", nargs="+", help=f"folders holding {curves.FILE}")
+  parser.add_argument("--out", required=True,
+                      help=f"where to write report.md, summary.json and {curves.FILE}")
+  args = parser.parse_args(argv)
+  by_t = {}  # each T has its own smoothing window: the sources are merged per T
+  for source in args.sources:
+    for t in {r["config"]["steps"] for r in curves.read(source)["runs"]}:
+      by_t.setdefault(t, []).append(source)
+  windows, runs, sweeps = {}, [], []
+  for t, sources in sorted(by_t.items()):
+    data = curves.merge(sources, block=BLOCK)
+    windows[str(t)] = data["meta"].get("windows", {}).get(str(t), data["meta"]["window"])
+    runs += [r for r in data["runs"] if r["config"]["steps"] == t]
+    sweeps += [c for c in data["meta"]["sweeps"] if c not in sweeps]
+  if not runs:
+    raise ValueError(f"no runs in {args.sources}")
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  curves.write(out / curves.FILE, {"window": next(iter(windows.values())), "windows": windows,
+                                   "sweeps": sweeps}, runs)
+  runs = curves.read(out)["runs"]  # the study from the stored (block-mean) curves alone
+  window = {int(t): w for t, w in windows.items()}
+  rows, decided = study(runs, window)
+  command = f"python -m experiments.studies.memory {args.out} --out {args.out}"  # rebuilds from --out
+  summary = write(rows, decided, {"sweeps": sweeps}, runs, out, command)
+  print(f"wrote {out / 'report.md'}: " + "; ".join(
+      f"{c['verdict']}: {c['claim']}" for c in summary["claims"]))
+  return summary
+
+
+if __name__ == "__main__":
+  cli.exit_process(cli.run(main))

@@ -1,0 +1,67 @@
+"""The staleness-aware memory study (experiments/studies/memory.py) on synthetic runs with known
+slowdowns and final losses, at two horizons of different smoothing windows."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments.report import curves
+from experiments.studies import memory
+
+STRETCH = {"rotation": 4.0, "rotation-fast": 3.0, "rotation-stage-decay": 2.0, "nesterov": 5.0, "muon": 3.5}
+FINAL = {"rotation": 2.30, "rotation-fast": 2.25, "rotation-stage-decay": 2.20, "nesterov": 2.40,
+         "muon": 2.28}
+
+
+def _run(method, stages, seed, steps, schedule="1f1b"):
+  j = 1 + 0.03 * (seed - 1.5)
+  stretch = 1.0 if stages == 1 else STRETCH[method] * j * (1.0 if stages == 8 else 0.5)
+  t = np.arange(1, steps + 1) / stretch * (600 / steps)
+  losses = [round(float(v), 5) for v in 2.0 + 3.0 * np.exp(-t / 100) + 0.5 / (1 + t / 30)]
+  val = 1.9 if stages == 1 else FINAL[method] + 0.01 * seed
+  return {"group": "main", "name": f"{method}_{schedule}_P{stages}_n{steps}_s{seed}", "status": "finished",
+          "config": {"method": method, "stages": stages, "seed": seed, "steps": steps, "schedule": schedule},
+          "losses": losses, "val_steps": [steps], "val_losses": [val], "host": {"cpu": "test", "cores": 2}}
+
+
+def _sweep(path, steps, schedules=("1f1b", "2bw"), seeds=(0, 1, 2, 3)):
+  runs = [_run(m, 1, s, steps) for m in STRETCH for s in seeds]
+  runs += [_run(m, p, s, steps, sch) for sch in schedules for m in STRETCH for p in (4, 8) for s in seeds]
+  path.mkdir()
+  curves.write(path / curves.FILE, {"window": steps // 20, "command": f"sweep {steps}"}, runs)
+  return path
+
+
+def test_the_subject_slows_down_least_and_ends_lowest_per_schedule_and_horizon(tmp_path):
+  short, long = _sweep(tmp_path / "short", 600), _sweep(tmp_path / "long", 1200, schedules=("1f1b",))
+  out = tmp_path / "out"
+  summary = memory.main([str(short), str(long), "--out", str(out)])
+  got = {(g["schedule"], g["T"]): g for g in summary["groups"]}
+  assert sorted(got) == [("1f1b", 600), ("1f1b", 1200), ("2bw", 600)]
+  g = got[("1f1b", 600)]
+  assert g["P"] == 8 and g["seeds"] == [0, 1, 2, 3] and g["methods"] == list(memory.METHODS)
+  for m, want in STRETCH.items():  # slowdowns at P = 8 (and half of them at P = 4)
+    assert np.allclose(g["slowdown"][m]["8"], [want * (1 + 0.03 * (s - 1.5)) for s in range(4)], rtol=0.06)
+  assert g["final_val"]["muon"]["8"] == pytest.approx([2.28 + 0.01 * s for s in range(4)])
+  assert g["least"] == pytest.approx([3.0 / 2.0] * 4, rel=0.06)  # rotation-fast's over the subject's
+  assert g["lowest"] == pytest.approx([0.05] * 4)  # rotation-fast's 2.25 minus the subject's 2.20
+  verdicts = [c["verdict"] for c in summary["claims"]]
+  assert len(verdicts) == 6 and set(verdicts) == {"reproduced"}
+  assert all(c["family"] == 6 for c in summary["claims"])  # one Holm family over the report
+  assert json.loads((out / "summary.json").read_text()) == summary
+  report = (out / "report.md").read_text()
+  assert "## 2BW, T = 600 (seeds [0, 1, 2, 3])" in report and "staleness-aware rotation ends lowest" in report
+  again = memory.main([str(out), "--out", str(out)])  # the stored block-mean curves alone rebuild it
+  assert again == summary and (out / "report.md").read_text() == report
+
+
+def test_a_slower_subject_is_refuted_and_missing_runs_claim_nothing(tmp_path, monkeypatch):
+  monkeypatch.setitem(STRETCH, "rotation-stage-decay", 6.0)  # now the slowest, and ending highest
+  monkeypatch.setitem(FINAL, "rotation-stage-decay", 2.5)
+  summary = memory.main([str(_sweep(tmp_path / "s", 600, schedules=("1f1b",))), "--out", str(tmp_path / "o")])
+  assert [c["verdict"] for c in summary["claims"]] == ["refuted", "refuted"]
+  runs = [_run(m, p, s, 600) for m in ("rotation", "nesterov") for p in (1, 8) for s in (0, 1)]
+  (tmp_path / "n").mkdir()
+  curves.write(tmp_path / "n" / curves.FILE, {"window": 30, "command": "c"}, runs)
+  assert memory.main([str(tmp_path / "n"), "--out", str(tmp_path / "o2")])["claims"] == []
