@@ -49,3 +49,15 @@ def exit_process(code: int) -> None:
     sys.stderr.flush()
     os._exit(130)
   sys.exit(code)
+
+
+def study_parser(name: str, doc: str | None, writes: str):
+  """The parser of ``python -m experiments.studies.<name> SOURCE [SOURCE ...] --out DIR``: folders
+  holding ``curves.json.xz`` in, ``writes`` (what goes into ``--out``) out."""
+  import argparse
+
+  parser = argparse.ArgumentParser(prog=f"python -m experiments.studies.{name}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("sources", nargs="+", help="folders holding curves.json.xz")
+  parser.add_argument("--out", required=True, help=f"where to write {writes}")
+  return parser

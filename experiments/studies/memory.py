@@ -24,7 +24,6 @@ study from them).
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 
@@ -145,12 +144,7 @@ def _plain(x):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m experiments.studies.memory", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("sources", nargs="+", help=f"folders holding {curves.FILE}")
-  parser.add_argument("--out", required=True,
-                      help=f"where to write report.md, summary.json and {curves.FILE}")
-  args = parser.parse_args(argv)
+  args = cli.study_parser("memory", __doc__, f"report.md, summary.json and {curves.FILE}").parse_args(argv)
   by_t = {}  # each T has its own smoothing window: the sources are merged per T
   for source in args.sources:
     for t in {r["config"]["steps"] for r in curves.read(source)["runs"]}:

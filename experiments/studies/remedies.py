@@ -22,7 +22,6 @@ training loss; ``--out`` as the only SOURCE rebuilds it).
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import pathlib
@@ -251,12 +250,7 @@ def write(scales, chosen, gaps, finals, decided, meta, runs, out: pathlib.Path, 
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m experiments.studies.remedies", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("sources", nargs="+", help=f"folders holding {curves.FILE}")
-  parser.add_argument("--out", required=True,
-                      help=f"where to write report.md, summary.json and {curves.FILE}")
-  args = parser.parse_args(argv)
+  args = cli.study_parser("remedies", __doc__, f"report.md, summary.json and {curves.FILE}").parse_args(argv)
   data = curves.merge(args.sources, block=BLOCK)
   scales, chosen, gaps, finals, decided = study(data["runs"])
   out = pathlib.Path(args.out)
