@@ -46,3 +46,12 @@ def test_first_init_makes_scipys_openblas_single_threaded_and_nothing_else():
 def test_a_users_own_thread_setting_is_kept(variable):
   got = _probe(**{variable: "2"})
   assert got["after"] == got["before"], got
+
+
+def test_the_benchmarks_median_of_repeated_runs():
+  from experiments.bench import threads
+
+  got = threads.medians({"a": [1.3, 1.1, 1.7, 1.2, 1.25], "b": [2.0], "none": []})
+  assert got == {"a": (1.25, 1.1, 1.7), "b": (2.0, 2.0, 2.0)}
+  with pytest.raises(ValueError, match="--repeat must be >= 1"):
+    threads.main(["--repeat", "0"])

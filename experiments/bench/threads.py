@@ -7,7 +7,9 @@ set, where ``rotation.threads`` makes the OpenBLAS of JAX's LAPACK calls single-
 quiet machine and with a second process busy on every core (a NumPy matmul loop). Printed: the
 time of 16 Householder QRs of 128 x 128 (one warm refresh of 16 such matrices), and the whole
 cpu-deep training step of rotation over AdamW's (batch 16, refresh period 10), each as ratios
-measured in this run.
+measured in this run. ``--repeat N`` (N > 1) instead runs the quiet whole step N times per setting
+(OPENBLAS_NUM_THREADS=1 set by hand added), the settings taking turns, and prints each run's ratio
+and their median (the number to quote on a noisy machine).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -69,12 +72,34 @@ def measure(threads: str | None, busy: bool) -> dict:
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def medians(ratios: dict) -> dict:
+  """``{setting: (median, min, max)}`` of each setting's per-run ratios."""
+  return {k: (float(statistics.median(v)), min(v), max(v)) for k, v in ratios.items() if v}
+
+
 def main(argv=None):
-  argparse.ArgumentParser(prog="python -m experiments.bench.threads", description=__doc__).parse_args(argv)
+  parser = argparse.ArgumentParser(prog="python -m experiments.bench.threads", description=__doc__)
+  parser.add_argument("--repeat", type=int, default=1, help="quiet runs of each setting, taking turns, "
+                      "and their median (default 1: one quiet and one busy run of each)")
+  args = parser.parse_args(argv)
+  if args.repeat < 1:
+    raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
   cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
   print(f"{cores} cores; each line: a fresh process, a user's own program importing rotation")
   settings = {cores: f"OPENBLAS_NUM_THREADS={cores} (OpenBLAS's default, the opt-out)",
               None: "nothing set (the library's default: rotation.threads limits SciPy's OpenBLAS)"}
+  if args.repeat > 1:
+    settings["1"] = "OPENBLAS_NUM_THREADS=1 (set by hand)"
+    ratios = {label: [] for label in settings.values()}
+    for i in range(args.repeat):
+      for threads, label in settings.items():
+        r = measure(threads, False)
+        ratios[label].append(r["rotation"] / r["adamw"])
+        print(f"run {i + 1}, quiet, {label}: whole step rotation / adamw {ratios[label][-1]:.3f}x "
+              f"(adamw {r['adamw'] * 1e3:.2f} ms)", flush=True)
+    for label, (mid, low, high) in medians(ratios).items():
+      print(f"median of {args.repeat}, quiet, {label}: {mid:.3f}x ({low:.3f}-{high:.3f})")
+    return medians(ratios)
   got = {}
   for busy in (False, True):
     for threads, label in settings.items():
