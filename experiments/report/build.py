@@ -112,10 +112,10 @@ def header(meta: dict, runs: list, command: str) -> list:
            f"over {len(distinct)} distinct runs (compilation included)"]
   cpus = curves_lib.hosts_of(runs)
   if len(cpus) > 1:
-    lines.append("- **the runs come from more than one CPU**: " + "; ".join(
-        f"{h.get('cpu')} ({h.get('cores')} cores)" for h in cpus) + " (a run's numbers depend on both)")
+    lines.append("- **the runs come from more than one CPU**: " + curves_lib.hosts_text(cpus)
+                 + " (a run's numbers depend on both)")
   elif cpus:
-    lines.append(f"- every run trained on one CPU: {cpus[0].get('cpu')} ({cpus[0].get('cores')} cores)")
+    lines.append(f"- every run trained on one CPU: {curves_lib.hosts_text(cpus)}")
   lines += curves_lib.revision_lines(distinct.values())
   schedules = sorted({r["config"].get("schedule", "1f1b") for r in runs if r["config"]["stages"] > 1})
   names = {"1f1b": "PipeDream 1F1B (stage k lags P - 1 - k updates)",

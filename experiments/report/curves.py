@@ -198,6 +198,11 @@ def revision_lines(runs) -> list:
                                               sorted(counts.items(), key=lambda kv: str(kv[0])))]
 
 
+def hosts_text(hosts) -> str:
+  """``hosts`` (``hosts_of``) as one line of a report: ``"AMD EPYC (2 cores); ..."``."""
+  return "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in hosts)
+
+
 def hosts_of(runs) -> list:
   """The distinct CPUs (``{"cpu", "cores"}``) the runs trained on, sorted."""
   return [json.loads(h) for h in sorted({json.dumps(r["host"], sort_keys=True) for r in runs

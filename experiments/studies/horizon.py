@@ -91,7 +91,7 @@ def write(rows, hosts, out: pathlib.Path, command: str, revisions=()) -> dict:
   lines = ["# The staleness study against the training horizon", "",
            f"- made by `{command}`",
            "- runs from " + ("one CPU: " if len(hosts) == 1 else "**more than one CPU**: ")
-           + "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in hosts), *revisions, "",
+           + curves.hosts_text(hosts), *revisions, "",
            "Per horizon T: rotation's staleness gain over the best baseline at the largest P (> 1: "
            "its lead grows with staleness), each method's headline slowdown from P = 1 and its final "
            "smoothed loss at P = 1 and at P. The gain is the primary endpoint of docs/protocol.md: "

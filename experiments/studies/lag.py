@@ -145,7 +145,7 @@ def write(rows, decided, decay, why, data, out: pathlib.Path, command: str) -> d
            f"- made by `{command}`",
            "- the sweeps: " + "; ".join(f"`{c}`" for c in data["meta"]["sweeps"]),
            "- runs from " + ("one CPU: " if len(hosts) == 1 else "**more than one CPU**: ")
-           + "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in hosts),
+           + curves.hosts_text(hosts),
            f"- smoothing: centred window of {2 * metrics.half_window(window) + 1} steps", "",
            "Per decay of rotation's L, R statistics: the headline slowdown from P = 1 (per seed, the "
            "median over loss levels of the iteration ratio; geometric mean [min, max] and the t "
@@ -191,7 +191,7 @@ def main(argv=None):
   if not rows:
     raise ValueError(f"no decay in {args.sources} has rotation at P = 1 and at P > 1 on a shared seed")
   out = pathlib.Path(args.out)
-  refer = "".join(f" --refer {r}" if i == 0 else f" {r}" for i, r in enumerate(args.refer))
+  refer = " --refer " + " ".join(args.refer) if args.refer else ""
   command = f"python -m experiments.studies.lag {args.out}{refer} --out {args.out}"  # rebuilds from --out
   summary = write(rows, decided, decay, why, data, out, command)
   elsewhere = {r["name"] for source in args.refer for r in curves.read(source)["runs"]}

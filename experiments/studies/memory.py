@@ -94,10 +94,13 @@ def study(runs, window: int) -> tuple[dict, list]:
   found = groups(runs)
   scale = {"reported": 1.0, "half": 0.5, "double": 2.0}
 
+  rows = {k: rows_of(g, window[k[1]]) for k, g in found.items()}
+
   def family(label):
     out = []
     for (schedule, steps), group in found.items():
-      r = rows_of(group, max(1, int(window[steps] * scale[label])))
+      r = rows[(schedule, steps)] if label == "reported" else rows_of(
+          group, max(1, int(window[steps] * scale[label])))
       if not r["least"]:
         continue
       where = f"({schedule}, T = {steps}, P = {r['P']})"
@@ -108,13 +111,12 @@ def study(runs, window: int) -> tuple[dict, list]:
                               r["lowest"], 0.0, spec="{:+.4f}",
                               context="lowest other final validation loss minus its own: "))
     return out
-  rows = {k: rows_of(g, window[k[1]]) for k, g in found.items()}
   return rows, claims.protocol(family)
 
 
 def write(rows: dict, decided: list, meta: dict, runs: list, out: pathlib.Path, command: str) -> dict:
   out.mkdir(parents=True, exist_ok=True)
-  cpus = "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in curves.hosts_of(runs))
+  cpus = curves.hosts_text(curves.hosts_of(runs))
   lines = ["# A staleness-aware statistics memory", "", f"- made by `{command}`",
            "- the sweeps: " + "; ".join(f"`{c}`" for c in meta.get("sweeps", [])),
            f"- {len(runs)} runs on {cpus or 'unrecorded CPUs'}", *curves.revision_lines(runs),

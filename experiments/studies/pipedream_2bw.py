@@ -200,7 +200,7 @@ def write(rows, momentum, claims, glance, hosts, out: pathlib.Path, command: str
   lines = ["# Two asynchronous schedules: PipeDream 1F1B and PipeDream-2BW", "",
            f"- made by `{command}`",
            "- runs from " + ("one CPU: " if len(hosts) == 1 else "**more than one CPU**: ")
-           + "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in hosts),
+           + curves.hosts_text(hosts),
            "- 1F1B: stage k lags P - 1 - k updates; 2BW: every stage one update behind whatever P "
            "(gradients at W(t - 1)); P = 1 is the same synchronous run for both",
            *[f"- runs of `{c}`" for c in sweeps], "",

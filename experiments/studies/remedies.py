@@ -201,7 +201,7 @@ def glance(gaps, decided) -> list:
 def write(scales, chosen, gaps, finals, decided, meta, runs, out: pathlib.Path, command: str) -> dict:
   out.mkdir(parents=True, exist_ok=True)
   commits = sorted({str((r.get("code") or {}).get("commit"))[:12] for r in runs})
-  cpus = ", ".join(f"{h['cpu']} ({h['cores']} cores)" for h in curves.hosts_of(runs))
+  cpus = curves.hosts_text(curves.hosts_of(runs))
   lines = ["# The staleness remedies: weight prediction and delay compensation", "",
            f"- made by `{command}`", "- the sweeps: " + "; ".join(f"`{c}`" for c in meta["sweeps"]),
            f"- {len(runs)} runs, trained by commit(s) {', '.join(commits)} on {cpus or 'unrecorded CPUs'}",

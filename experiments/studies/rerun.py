@@ -73,7 +73,7 @@ def write(pairs, unmatched, sources, out: pathlib.Path, command: str, provenance
                "unmatched": unmatched, "abs_final_val_difference": spread,
                "abs_final_val_difference_by_P": by_p}
   fmt = lambda v: "-" if v is None else f"{v:.5f}"
-  cpus = lambda side: "; ".join(f"{h.get('cpu')} ({h.get('cores')} cores)" for h in side["hosts"]) or "-"
+  cpus = lambda side: curves.hosts_text(side["hosts"]) or "-"
   lines = ["# A rerun against the committed study", "", f"- made by `{command}`",
            f"- rerun: `{sources[0]}`; committed: `{sources[1]}`"]
   if provenance:
