@@ -22,7 +22,8 @@ def test_a_short_run_is_stored_per_step_and_read_back_exactly(tmp_path):
   run = curves.read(tmp_path)["runs"][0]
   assert "loss_every" not in run and len(run["losses"]) == len(x)
   assert run["losses"][7] == float("inf")  # a non-finite step is never credited
-  np.testing.assert_allclose(np.delete(run["losses"], 7), np.round(np.delete(x, 7), 5), atol=0)
+  np.testing.assert_allclose(np.delete(run["losses"], 7), np.round(np.delete(x, 7), curves.LOSS_DECIMALS),
+                             atol=0)
 
 
 def test_a_long_run_is_stored_as_block_means_repeated_back_to_one_loss_per_step(tmp_path):
@@ -37,7 +38,14 @@ def test_a_long_run_is_stored_as_block_means_repeated_back_to_one_loss_per_step(
   expected = np.repeat([x[i:i + 3].mean() for i in range(0, steps, 3)], 3)[:steps]
   finite = np.isfinite(expected)
   assert not finite[9:12].any() and all(v == float("inf") for v in run["losses"][9:12])
-  np.testing.assert_allclose(np.asarray(run["losses"])[finite], np.round(expected[finite], 5), atol=1e-12)
+  want = np.round(expected[finite], curves.LOSS_DECIMALS)
+  np.testing.assert_allclose(np.asarray(run["losses"])[finite], want, atol=1e-12)
+  again = tmp_path / "again.xz"  # a study merging it writes the run as ``read`` returned it
+  curves.write(again, {"window": 5}, [run])
+  assert curves.read(again)["runs"][0]["losses"] == run["losses"]
+  import lzma
+  stored, = json.loads(lzma.decompress(again.read_bytes()).partition(b"\n")[0])["runs"]
+  assert stored["loss_every"] == 3 and stored["losses_int32"] == len(rec["losses"])  # blocks again
 
 
 def test_an_older_gzip_study_still_reads_and_the_file_is_byte_identical_per_content(tmp_path):
@@ -88,30 +96,53 @@ def test_compact_stores_block_means_that_read_repeats_and_compacting_twice_chang
   assert curves.compact(back, 100)["losses"] == once["losses"]
 
 
-def test_five_decimal_losses_go_to_the_binary_block_exactly_and_other_values_stay_json(tmp_path):
+def test_four_decimal_losses_go_to_the_binary_block_exactly_and_other_values_stay_json(tmp_path):
   import lzma
 
   rng = np.random.default_rng(3)
-  decimal = [round(float(v), 5) for v in rng.uniform(0, 12, 3000)] + [None, float("inf"), 21474.83646]
-  raw = rng.uniform(1, 3, 50).tolist()  # more than 5 decimals: kept as they are, in the JSON
+  decimal = [round(float(v), 4) for v in rng.uniform(0, 12, 2000)] + [None, float("inf"), 214748.3646]
+  raw = rng.uniform(1, 3, 50).tolist()  # more than 4 decimals: kept as they are, in the JSON
   runs = [{"name": "a", "losses": decimal, "val_losses": [2.5]},
           {"name": "b", "losses": raw, "val_losses": [2.0]},
-          {"name": "c", "losses": [1.5, -2.25, 30000.0], "val_losses": []}]  # 30000 overflows int32
+          {"name": "c", "losses": [1.5, -2.25, 300000.0], "val_losses": []}]  # 300000 overflows int32
   path = tmp_path / curves.FILE
   curves.write(path, {"window": 5}, runs)
   text, _, blob = lzma.decompress(path.read_bytes()).partition(b"\n")
-  stored = {r["name"]: r for r in json.loads(text)["runs"]}
+  stored = json.loads(text)
+  assert stored["loss_scale"] == 10**4
+  stored = {r["name"]: r for r in stored["runs"]}
   assert stored["a"]["losses_int32"] == len(decimal) and "losses" not in stored["a"]
-  assert stored["b"]["losses"] == raw and stored["c"]["losses"] == [1.5, -2.25, 30000.0]
+  assert stored["b"]["losses"] == raw and stored["c"]["losses"] == [1.5, -2.25, 300000.0]
   assert len(blob) == 4 * len(decimal)
   got = {r["name"]: r for r in curves.read(path)["runs"]}
   want = [float("inf") if v is None else v for v in decimal]
   assert got["a"]["losses"] == want  # exactly the same floats, not merely close
-  assert got["b"]["losses"] == raw and got["c"]["losses"] == [1.5, -2.25, 30000.0]
+  assert got["b"]["losses"] == raw and got["c"]["losses"] == [1.5, -2.25, 300000.0]
   as_text = lzma.compress(json.dumps({"meta": {"window": 5}, "runs": runs[:1]}).encode(),
                           preset=9 | lzma.PRESET_EXTREME)
   curves.write(path, {"window": 5}, runs[:1])
   assert path.stat().st_size < 0.9 * len(as_text)  # the point of the binary block
+
+
+def test_a_file_of_five_decimal_integers_reads_exactly_and_merges_with_its_four_decimal_copy(tmp_path):
+  """Files written before the 4-decimal rule (no ``loss_scale``: int32 multiples of 10^-5) read back
+  as they were; a study merging such a file with the same run stored since rounds both alike."""
+  import lzma
+
+  five = [round(float(v), 5) for v in np.random.default_rng(4).uniform(1, 3, 500)]
+  run = {"name": "a", "config": {}, "losses": five, "val_losses": [2.12345]}
+  text = json.dumps({"meta": {"window": 5}, "runs": [{**{k: v for k, v in run.items() if k != "losses"},
+                                                       "losses_int32": len(five)}]})
+  old = tmp_path / "old"
+  old.mkdir()
+  ints = np.round(np.asarray(five) * 10**5).astype("<i4")
+  (old / curves.FILE).write_bytes(lzma.compress(text.encode() + b"\n" + ints.tobytes()))
+  assert curves.read(old)["runs"][0]["losses"] == five
+  new = tmp_path / "new"
+  new.mkdir()
+  curves.write(new / curves.FILE, {"window": 5}, [{**run, "losses": [round(v, 4) for v in five]}])
+  merged, = curves.merge([old, new])["runs"]
+  assert merged["losses"] == [round(v, 4) for v in five] and merged["val_losses"] == [2.12345]
 
 
 def test_a_runs_model_revision_is_recorded_and_a_mix_of_revisions_is_said():

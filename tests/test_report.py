@@ -235,9 +235,9 @@ def test_block_stores_compacted_curves_that_alone_rebuild_the_report(tmp_path):
   assert all(r["loss_every"] == 10 for r in raw_file["runs"])
   stored = curves.read(out)["runs"]
   for r, raw in zip(sorted(stored, key=lambda r: r["name"]), sorted(runs, key=lambda r: r["name"])):
-    x = np.asarray(raw["losses"])  # per step, each block's mean repeated (rounded to 5 decimals)
+    x = np.asarray(raw["losses"])  # per step, each block's mean repeated (rounded to curves.LOSS_DECIMALS)
     want = np.repeat([x[i:i + 10].mean() for i in range(0, len(x), 10)], 10)[:len(x)]
-    np.testing.assert_allclose(r["losses"], want, atol=6e-6)
+    np.testing.assert_allclose(r["losses"], want, atol=10.0**-curves.LOSS_DECIMALS)  # rounded twice
   full_summary = report.main([str(full), "--out", str(tmp_path / "ref")])
   slow = lambda s: s["headline"]["rotation"]["8"]["mean"]
   assert slow(summary) == pytest.approx(slow(full_summary), rel=0.05)  # block means: close, not equal

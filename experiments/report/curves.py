@@ -3,16 +3,17 @@
 ``curves.json.xz`` holds what the report needs and nothing it does not: the study's description
 (``meta``: command, preset, window, deviations, data, learning-rate readings) and, per run, its
 group (``main``, ``tuned-lr`` or an ablation's name), name, config, model revision (where the run
-recorded one), status, training loss and validation losses (rounded to 5 decimals: the report is
-computed from the stored values, so a rebuild gives the published numbers exactly), its timing,
-the CPU it trained on and the code version. The training loss is stored per step up to
-``MAX_POINTS`` steps; a longer run stores the means over consecutive blocks of ``loss_every =
-ceil(steps / MAX_POINTS)`` steps, which ``read`` repeats back to one value per step (so every
-metric still sees one loss per step, at a resolution of ``loss_every`` steps). The training losses
-are stored as integers (the loss times 10^5, exact for 5-decimal values) in a binary block after
-the JSON, which compresses a sixth smaller than their decimal text: about 5 KB per 2,400-step run
-(xz). A run whose losses are not all 5-decimal values keeps them in the JSON. ``read`` also reads
-files whose losses are all in the JSON, and the older ``curves.json.gz``.
+recorded one), status, training loss (rounded to ``LOSS_DECIMALS`` = 4 decimals: a step's loss
+varies by about 0.15 from batch to batch, 3,000 times the rounding) and validation losses (5
+decimals, as quoted), its timing, the CPU it trained on and the code version. The report is computed from the
+stored values, so a rebuild gives the published numbers exactly. The training loss is stored per
+step up to ``MAX_POINTS`` steps; a longer run stores the means over consecutive blocks of
+``loss_every = ceil(steps / MAX_POINTS)`` steps, which ``read`` repeats back to one value per step
+(so every metric still sees one loss per step, at a resolution of ``loss_every`` steps). The
+training losses are stored as integers (the loss times ``loss_scale``, written in the file: 10^4,
+or 10^5 in files written before the 4-decimal rule) in a binary block after the JSON: about 4.5 KB
+per 2,400-step run (xz). A run whose losses are not all such values keeps them in the JSON.
+``read`` also reads files whose losses are all in the JSON, and the older ``curves.json.gz``.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from experiments.harness.config import OPTIONAL_FIELDS
 
 FILE = "curves.json.xz"
 LEGACY = "curves.json.gz"  # the same content, gzip-compressed (studies written before December 2026)
-DECIMALS = 5
+DECIMALS = 5  # validation losses
+LOSS_DECIMALS = 4  # training losses
 MAX_POINTS = 2400
-_SCALE = 10**DECIMALS
+_SCALE = 10**LOSS_DECIMALS
 _MISSING = np.iinfo(np.int32).min  # a non-finite loss (read back as inf)
 
 
-def _round(values) -> list:
-  return [round(float(v), DECIMALS) if v == v and abs(v) != float("inf") else None for v in values]
+def _round(values, decimals=DECIMALS) -> list:
+  return [round(float(v), decimals) if v == v and abs(v) != float("inf") else None for v in values]
 
 
 def _blocks(losses) -> tuple[list, int]:
@@ -44,7 +46,7 @@ def _blocks(losses) -> tuple[list, int]:
   holding a non-finite loss stores ``None``, as a non-finite step does)."""
   x = np.asarray(losses, np.float64)
   every = max(1, math.ceil(len(x) / MAX_POINTS))
-  return _round([x[i:i + every].mean() for i in range(0, len(x), every)]), every
+  return _round([x[i:i + every].mean() for i in range(0, len(x), every)], LOSS_DECIMALS), every
 
 
 def record(group: str, result: dict) -> dict:
@@ -67,8 +69,8 @@ def record(group: str, result: dict) -> dict:
 
 
 def _as_integers(losses) -> np.ndarray | None:
-  """``losses`` as int32 multiples of 10^-5 (``_MISSING`` for ``None`` or inf), or ``None`` where
-  that would change a value (another number of decimals, NaN, -inf, out of range)."""
+  """``losses`` as int32 multiples of 10^-``LOSS_DECIMALS`` (``_MISSING`` for ``None`` or inf), or
+  ``None`` where that would change a value (more decimals, NaN, -inf, out of range)."""
   out = np.empty(len(losses), np.int32)
   for i, v in enumerate(losses):
     if v is None or v == float("inf"):
@@ -84,18 +86,24 @@ def _as_integers(losses) -> np.ndarray | None:
 
 
 def write(path: pathlib.Path, meta: dict, runs: list) -> None:
-  """Writes ``{"meta", "runs"}`` (``runs``: ``record``s) atomically, byte-identical for the same
-  content: the JSON (each run's training losses replaced by their count, ``losses_int32``, where
-  they are 5-decimal values), a newline, then those losses as little-endian int32, all xz."""
+  """Writes ``{"meta", "runs"}`` (``runs``: ``record``s, or runs as ``read`` returns them: one
+  longer than ``MAX_POINTS`` steps is stored as block means again) atomically, byte-identical for
+  the same content: the JSON (``loss_scale``, and each run's training losses replaced by their count,
+  ``losses_int32``, where they are ``LOSS_DECIMALS``-decimal values), a newline, then those losses
+  as little-endian int32, all xz."""
   stored, blocks = [], []
   for r in runs:
+    if "loss_every" not in r and len(r["losses"]) > MAX_POINTS:  # as ``read`` returns a long run
+      r = compact({**r, "losses": [math.inf if v is None else v for v in r["losses"]]},
+                  math.ceil(len(r["losses"]) / MAX_POINTS))
     ints = _as_integers(r["losses"])
     if ints is None:
       stored.append(r)
       continue
     stored.append({**{k: v for k, v in r.items() if k != "losses"}, "losses_int32": len(ints)})
     blocks.append(ints.astype("<i4").tobytes())
-  data = json.dumps({"meta": meta, "runs": stored}, sort_keys=True, separators=(",", ":")).encode()
+  data = json.dumps({"loss_scale": _SCALE, "meta": meta, "runs": stored}, sort_keys=True,
+                    separators=(",", ":")).encode()
   data += b"\n" + b"".join(blocks)
   tmp = path.with_name(path.name + ".tmp")
   with open(tmp, "wb") as f:
@@ -117,6 +125,7 @@ def read(path: pathlib.Path) -> dict:
     content = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else lzma.decompress(raw)
     text, _, blob = content.partition(b"\n")
     data = json.loads(text)
+    scale = data.pop("loss_scale", 10**5)
     ints, at = np.frombuffer(blob, "<i4"), 0
     for r in data["runs"]:
       if "losses_int32" in r:
@@ -124,7 +133,7 @@ def read(path: pathlib.Path) -> dict:
         if at + n > len(ints):
           raise ValueError("the binary losses end early")
         chunk = ints[at:at + n]
-        r["losses"] = np.where(chunk == _MISSING, np.inf, chunk / _SCALE).tolist()
+        r["losses"] = np.where(chunk == _MISSING, np.inf, chunk / scale).tolist()
         at += n
       for key in ("losses", "val_losses"):
         r[key] = [float("inf") if v is None else v for v in r[key]]
@@ -147,7 +156,7 @@ def compact(run: dict, block: int) -> dict:
   means = [float(x[i:i + block].mean()) for i in range(0, len(x), block)]
   out = {k: v for k, v in run.items() if k not in ("losses", "loss_every", "num_losses")}
   out["val_losses"] = [None if not math.isfinite(v) else v for v in run["val_losses"]]
-  return {**out, "losses": [round(m, DECIMALS) if math.isfinite(m) else None for m in means],
+  return {**out, "losses": _round(means, LOSS_DECIMALS),
           "loss_every": block, "num_losses": len(x)}
 
 
@@ -164,11 +173,15 @@ def setting(config: dict, free) -> str:
 def merge(paths, block: int | None = None) -> dict:
   """The curves files of ``paths`` as one study: the first file's ``meta`` (its window must be every
   file's) with ``meta["sweeps"]`` listing every sweep command, and each run once (a run in several
-  files must be the same run: the same config and losses). ``block``: every run ``compact``ed (the
-  runs are then as ``write`` stores them, not as ``read`` returns them)."""
+  files must be the same run: the same config and losses). Training losses are rounded to
+  ``LOSS_DECIMALS`` (a file of 5-decimal losses merges with the same runs stored since).
+  ``block``: every run ``compact``ed (the runs are then as ``write`` stores them, not as ``read``
+  returns them)."""
   merged, meta, sweeps = {}, None, []
   for path in paths:
     data = read(path)
+    for r in data["runs"]:
+      r["losses"] = [round(v, LOSS_DECIMALS) if math.isfinite(v) else v for v in r["losses"]]
     if block is not None:
       data["runs"] = [compact(r, block) for r in data["runs"]]
     meta = meta or dict(data["meta"])

@@ -4,8 +4,9 @@ NEW and OLD are folders holding ``curves.json.xz`` (a sweep's ``--out``, a ``--f
 --publish`` folder or a published study such as docs/results/cpu). Runs are paired by their whole
 config (``curves.setting`` with nothing free: method, P, seed, rate and every option); per pair the
 report gives the final validation loss of each and their difference, the final smoothed training
-loss of each (OLD's window), whether the two training curves are identical as stored (5 decimals)
-and the first step where they differ. Runs of NEW that OLD does not hold are counted, not compared.
+loss of each (OLD's window), whether the two training curves are identical at the stored precision
+(both rounded to ``curves.LOSS_DECIMALS``) and the first step where they differ. Runs of NEW that
+OLD does not hold are counted, not compared.
 
 Writes ``report.md`` and ``summary.json`` (no curves: NEW's are wherever it was written).
 """
@@ -81,7 +82,8 @@ def write(pairs, unmatched, sources, out: pathlib.Path, command: str, provenance
               f"- code commits: rerun {', '.join(provenance['rerun']['commits'])}; committed "
               f"{', '.join(provenance['committed']['commits'])}"]
   lines += [f"- {len(pairs)} runs paired by their whole config, {aggregate['identical']} with identical "
-            f"training curves (as stored, 5 decimals); {unmatched} rerun runs without a committed twin",
+            f"training curves (as stored, {curves.LOSS_DECIMALS} decimals); {unmatched} rerun runs without a "
+            "committed twin",
             ""]
   if spread:
     lines += [f"|final validation loss, rerun minus committed|: median {spread['median']:.4f}, "
@@ -112,7 +114,7 @@ def main(argv=None):
   parser.add_argument("--against", required=True, help=f"the committed study: a folder holding {curves.FILE}")
   parser.add_argument("--out", required=True, help="where to write report.md and summary.json")
   args = parser.parse_args(argv)
-  new, old = curves.read(args.new), curves.read(args.against)
+  new, old = curves.merge([args.new]), curves.merge([args.against])  # both at the stored precision
   pairs, unmatched, provenance = study(new["runs"], old["runs"], old["meta"]["window"])
   if not pairs:
     raise ValueError(f"no run of {args.new!r} has a twin in {args.against!r} (same config)")
