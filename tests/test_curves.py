@@ -143,6 +143,19 @@ def test_a_file_of_five_decimal_integers_reads_exactly_and_merges_with_its_four_
   curves.write(new / curves.FILE, {"window": 5}, [{**run, "losses": [round(v, 4) for v in five]}])
   merged, = curves.merge([old, new])["runs"]
   assert merged["losses"] == [round(v, 4) for v in five] and merged["val_losses"] == [2.12345]
+  # rounded twice (5, then 4 decimals) a loss may differ by one unit from one rounded once: the same run,
+  # the first file's copy kept; two units apart is another run
+  for shift, same in ((1e-4, True), (2e-4, False)):
+    other = tmp_path / f"shift{shift}"
+    other.mkdir()
+    moved = [round(v, 4) for v in five]
+    moved[3] = round(moved[3] + shift, 4)
+    curves.write(other / curves.FILE, {"window": 5}, [{**run, "losses": moved}])
+    if same:
+      assert curves.merge([new, other])["runs"][0]["losses"] == [round(v, 4) for v in five]
+    else:
+      with pytest.raises(ValueError, match="differs between the files"):
+        curves.merge([new, other])
 
 
 def test_a_runs_model_revision_is_recorded_and_a_mix_of_revisions_is_said():

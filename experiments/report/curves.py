@@ -173,8 +173,9 @@ def setting(config: dict, free) -> str:
 def merge(paths, block: int | None = None) -> dict:
   """The curves files of ``paths`` as one study: the first file's ``meta`` (its window must be every
   file's) with ``meta["sweeps"]`` listing every sweep command, and each run once (a run in several
-  files must be the same run: the same config and losses). Training losses are rounded to
-  ``LOSS_DECIMALS`` (a file of 5-decimal losses merges with the same runs stored since).
+  files must be the same run: the same config, and losses equal to one unit of the stored precision,
+  since a run stored before the 4-decimal rule was rounded twice; the first file's copy is kept).
+  Training losses are rounded to ``LOSS_DECIMALS``.
   ``block``: every run ``compact``ed (the runs are then as ``write`` stores them, not as ``read``
   returns them)."""
   merged, meta, sweeps = {}, None, []
@@ -191,9 +192,15 @@ def merge(paths, block: int | None = None) -> dict:
     sweeps += [c for c in data["meta"].get("sweeps", [data["meta"].get("command")]) if c not in sweeps]
     for r in data["runs"]:
       held = merged.setdefault(r["name"], r)
-      if held["losses"] != r["losses"] or held["config"] != r["config"]:
+      if not _same_run(held, r):
         raise ValueError(f"run {r['name']!r} differs between the files: rerun or drop one of them")
   return {"meta": {**meta, "sweeps": sweeps}, "runs": list(merged.values())}
+
+
+def _same_run(a: dict, b: dict) -> bool:
+  x, y = np.asarray(a["losses"], np.float64), np.asarray(b["losses"], np.float64)
+  return a["config"] == b["config"] and x.shape == y.shape and bool(
+      np.all((x == y) | (np.abs(x - y) <= 1.000001 * 10.0**-LOSS_DECIMALS)))
 
 
 def revision_lines(runs) -> list:
