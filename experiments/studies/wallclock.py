@@ -64,9 +64,12 @@ def measure(configs: dict, rounds: int = ROUNDS, clock=time.perf_counter) -> dic
   from experiments.harness import data as data_lib
   from experiments.harness import runs as runs_lib
 
-  programs = {}
+  programs, corpora = {}, {}
   for key, config in configs.items():
-    ds = data_lib.default_corpus(config.model_config(256).context)
+    context = config.model_config(256).context
+    if context not in corpora:
+      corpora[context] = data_lib.default_corpus(context)
+    ds = corpora[context]
     pipe, state, _, _ = runs_lib.build(config, ds)
     batches = ds.batches(config.seed, 0, config.chunk, config.batch_size,
                          config.model_config(ds.vocab_size).context)
