@@ -24,14 +24,12 @@ study from them).
 
 from __future__ import annotations
 
-import json
 import pathlib
-
-import numpy as np
 
 from experiments import cli
 from experiments.report import claims, curves, metrics
 from experiments.report.tables import curves_by, seed_tables, spread
+from experiments.studies import write_summary
 
 BLOCK = 10  # training-loss block mean stored per run (the slowdowns are computed from them)
 SUBJECT = "rotation-stage-decay"
@@ -137,12 +135,7 @@ def write(rows: dict, decided: list, meta: dict, runs: list, out: pathlib.Path, 
   summary = {"command": command, "hosts": curves.hosts_of(runs),
              "groups": [{"schedule": s, "T": t, **r} for (s, t), r in rows.items()],
              "claims": [c.summary() for c in decided]}
-  (out / "summary.json").write_text(json.dumps(summary, indent=1, default=_plain) + "\n")
-  return json.loads(json.dumps(summary, default=_plain))
-
-
-def _plain(x):
-  return float(x) if isinstance(x, np.floating) else str(x)
+  return write_summary(out, summary)
 
 
 def main(argv=None):

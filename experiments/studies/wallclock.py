@@ -33,11 +33,10 @@ import pathlib
 import statistics
 import time
 
-import numpy as np
-
 from experiments import cli
 from experiments.report import claims, curves
 from experiments.report.tables import curves_by, seed_tables, spread
+from experiments.studies import write_summary
 
 MAIN = ("pipedream", "pipedream-lr", "nesterov", "rotation", "muon")
 SUBJECT = "rotation"
@@ -175,12 +174,7 @@ def write(source: str, rows: dict, decided: list, seconds: dict, measured: dict,
              "rows": {str(p): {**r, "ratio": [x if isinstance(x, str) else float(x) for x in r["ratio"]]}
                       for p, r in rows.items()},
              "claims": [c.summary() for c in decided]}
-  (out / "summary.json").write_text(json.dumps(summary, indent=1, default=_plain) + "\n")
-  return json.loads(json.dumps(summary, default=_plain))
-
-
-def _plain(x):
-  return float(x) if isinstance(x, np.floating) else str(x)
+  return write_summary(out, summary)
 
 
 def main(argv=None):
