@@ -2,7 +2,8 @@
 
 The update alone (no forward or backward) of AdamW and of ``rotation.basis_rotation`` on a model of
 the harness (default ``cpu-deep``, the study's), with rotation past its cold start and no warm
-refresh due (``refresh_every`` far away: the per-step path every step runs), each jitted with its
+refresh due (``refresh_every`` far away: the per-step path every step runs; ``--refresh-every 1``
+profiles a warm refresh in every call instead), each jitted with its
 parameters and state donated, as in training. For each, XLA's own profile (``jax.profiler``, its
 Perfetto trace) of ``--calls`` calls, summed per kind of event (the HLO instruction's name without
 its number: ``copy``, ``concatenate``, ``cond``, one kind per fusion name; and the runtime's own
@@ -65,15 +66,18 @@ def main(argv=None) -> dict:
   parser.add_argument("--model", default="cpu-deep", choices=sorted(model_lib.CONFIGS))
   parser.add_argument("--calls", type=int, default=10, help="profiled calls per optimizer (default 10)")
   parser.add_argument("--top", type=int, default=20, help="kinds printed, by rotation's time (default 20)")
+  parser.add_argument("--refresh-every", type=int, default=10**9,
+                      help="rotation's refresh period (default: never past the cold start; 1: every call)")
   args = parser.parse_args(argv)
-  if args.calls < 1 or args.top < 1:
-    raise ValueError(f"--calls and --top must be >= 1, got {args.calls} and {args.top}")
+  if min(args.calls, args.top, args.refresh_every) < 1:
+    raise ValueError(f"--calls, --top and --refresh-every must be >= 1, got {args.calls}, {args.top} "
+                     f"and {args.refresh_every}")
   cfg = model_lib.CONFIGS[args.model]
   graphdef, params = model_lib.init(cfg)
   batch = tuple(jnp.asarray(x) for x in data_lib.default_corpus(cfg.context).batch(0, 0, 16, cfg.context))
   grads = jax.grad(model_lib.make_loss(graphdef))(params, batch)
   txs = {"adamw": optax.adamw(1e-3, weight_decay=0.01),
-         "rotation": rotation.basis_rotation(1e-3, refresh_every=10**9,
+         "rotation": rotation.basis_rotation(1e-3, refresh_every=args.refresh_every,
                                              weight_dimension_numbers=model_lib.rotation_dims)}
   fns, got = {}, {}
   for name, tx in txs.items():
