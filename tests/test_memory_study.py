@@ -49,6 +49,8 @@ def test_the_subject_slows_down_least_and_ends_lowest_per_schedule_and_horizon(t
   verdicts = [c["verdict"] for c in summary["claims"]]
   assert len(verdicts) == 6 and set(verdicts) == {"reproduced"}
   assert all(c["family"] == 6 for c in summary["claims"])  # one Holm family over the report
+  assert summary["claims_fast"] == []  # amendment 6 judges rotation-fast at T = 9,600 only
+  assert g["fast_least"] == pytest.approx([2.0 / 3.0] * 4, rel=0.06)  # the subject's 2.0 over its 3.0
   assert json.loads((out / "summary.json").read_text()) == summary
   report = (out / "report.md").read_text()
   assert "## 2BW, T = 600 (seeds [0, 1, 2, 3])" in report and "staleness-aware rotation ends lowest" in report
@@ -65,3 +67,25 @@ def test_a_slower_subject_is_refuted_and_missing_runs_claim_nothing(tmp_path, mo
   (tmp_path / "n").mkdir()
   curves.write(tmp_path / "n" / curves.FILE, {"window": 30, "command": "c"}, runs)
   assert memory.main([str(tmp_path / "n"), "--out", str(tmp_path / "o2")])["claims"] == []
+
+
+def test_the_uniform_short_memory_is_judged_only_where_amendment_6_says_in_a_family_of_its_own(
+    tmp_path, monkeypatch):
+  monkeypatch.setattr(memory, "FAST_JUDGED_AT", (1200,))
+  short, long = _sweep(tmp_path / "short", 600), _sweep(tmp_path / "long", 1200, schedules=("1f1b",))
+  summary = memory.main([str(short), str(long), "--out", str(tmp_path / "out")])
+  fast = summary["claims_fast"]
+  assert [c["claim"] for c in fast] == [
+      "the uniform short memory (rotation-fast) slows down least of every method, Muon included "
+      "(1f1b, T = 1200, P = 8)",
+      "the uniform short memory (rotation-fast) ends lowest (1f1b, T = 1200, P = 8)"]
+  # the stage-aware rule (stretch 2.0, final 2.20) beats it (3.0, 2.25) in every seed
+  assert [c["verdict"] for c in fast] == ["refuted", "refuted"] and all(c["family"] == 2 for c in fast)
+  assert fast[1]["mean"] == pytest.approx(-0.05)
+  # amendment 3's family is untouched by the second one
+  assert len(summary["claims"]) == 6 and all(c["family"] == 6 for c in summary["claims"])
+  report = (tmp_path / "out" / "report.md").read_text()
+  described = report.split("## The uniform short memory (rotation-fast), described")[1]
+  assert "| 1f1b, 600, 8 | 0.67 [" in described and "| 2bw, 600, 8 | 0.67 [" in described
+  assert "1f1b, 1200, 8 |" not in described.split("## ")[0]  # judged there, so not merely described
+  assert "## The uniform short memory's claims (amendment 6), checked" in report

@@ -17,6 +17,10 @@ report, the window rule):
   other method's slowdown over ``rotation-stage-decay``'s (> 1);
 - "it ends lowest": per seed, the lowest other final validation loss minus its own (> 0).
 
+Amendment 6 (a hypothesis the T = 2,400 results generated): the same two claims about the uniform
+short memory (``rotation-fast``), a Holm family of their own judged at the horizons of
+``FAST_JUDGED_AT`` (9,600) only, and printed as a description without a verdict at the others.
+
 Writes ``report.md``, ``summary.json`` and the merged runs as ``curves.json.xz`` with each training
 loss stored as means over blocks of ``BLOCK`` steps (``--out`` as the only SOURCE rebuilds the
 study from them).
@@ -26,14 +30,18 @@ from __future__ import annotations
 
 import pathlib
 
+import numpy as np
+
 from experiments import cli
 from experiments.report import claims, curves, metrics
-from experiments.report.tables import curves_by, seed_tables, spread
+from experiments.report.tables import curves_by, mean_range, seed_tables, spread
 from experiments.studies import write_summary
 
 BLOCK = 10  # training-loss block mean stored per run (the slowdowns are computed from them)
 SUBJECT = "rotation-stage-decay"
-METHODS = ("rotation", "rotation-fast", SUBJECT, "nesterov", "muon")
+FAST = "rotation-fast"
+METHODS = ("rotation", FAST, SUBJECT, "nesterov", "muon")
+FAST_JUDGED_AT = (9600,)  # amendment 6: FAST's claims are judged at these horizons only
 
 
 def groups(runs) -> dict:
@@ -59,7 +67,8 @@ def _finals(group) -> dict:
 def rows_of(group, window: int) -> dict:
   """One schedule and T: its seeds (those holding every method's runs), per method the per-seed
   headline slowdown at each P > 1 and final validation loss at each P, and the claims' per-seed
-  values at the largest P."""
+  values at the largest P (``least``, ``lowest``: the subject's; ``fast_least``, ``fast_lowest``:
+  ``rotation-fast``'s)."""
   by = curves_by(group)
   tables = seed_tables(by, window)
   seeds = sorted(set.intersection(*(set(v) for v in by.values()))) if by else []
@@ -67,52 +76,106 @@ def rows_of(group, window: int) -> dict:
   top = stages[-1] if stages else 1
   finals = _finals(group)
   methods = [m for m in METHODS if any(k[0] == m for k in by)]
-  others = [m for m in methods if m != SUBJECT]
   at = lambda t, m, p: next((x for x in t if x["method"] == m and x["stages"] == p), None)
   slow = {m: {str(p): [(at(t, m, p) or {}).get("slowdown_levels") for t in tables] for p in stages if p > 1}
           for m in methods}
   final = {m: {str(p): [finals.get((m, p), {}).get(s) for s in seeds] for p in stages} for m in methods}
 
-  def lowest(s):
-    own = finals.get((SUBJECT, top), {}).get(s)
+  def lowest(subject, s):
+    own = finals.get((subject, top), {}).get(s)
     if own is None:
-      return f"{SUBJECT} diverged or did not finish"
-    vals = [finals.get((m, top), {}).get(s) for m in others]
+      return f"{subject} diverged or did not finish"
+    vals = [finals.get((m, top), {}).get(s) for m in methods if m != subject]
     vals = [v for v in vals if v is not None]
     return min(vals) - own if vals else "every other method diverged"
 
-  least = [claims.least_ratio(t, "slowdown_levels", SUBJECT, others, top) for t in tables]
+  def beats(subject) -> tuple[list, list]:
+    """Per seed the smallest other slowdown over ``subject``'s, and the lowest other final loss
+    minus its own (empty without the subject's runs or a delayed P)."""
+    if subject not in methods or top == 1:
+      return [], []
+    others = [m for m in methods if m != subject]
+    return ([claims.least_ratio(t, "slowdown_levels", subject, others, top) for t in tables],
+            [lowest(subject, s) for s in seeds])
+
+  (least, low), (fast_least, fast_low) = beats(SUBJECT), beats(FAST)
   return {"P": top, "seeds": seeds, "methods": methods, "slowdown": slow, "final_val": final,
-          "least": least if SUBJECT in methods and top > 1 else [],
-          "lowest": [lowest(s) for s in seeds] if SUBJECT in methods and top > 1 else []}
+          "least": least, "lowest": low, "fast_least": fast_least, "fast_lowest": fast_low}
 
 
-def study(runs, window: int) -> tuple[dict, list]:
-  """``({(schedule, T): rows_of}, the claims decided under the protocol)``."""
+CLAIMS = {SUBJECT: ("staleness-aware rotation slows down least of every method, Muon included",
+                    "staleness-aware rotation ends lowest", "least", "lowest"),
+          FAST: ("the uniform short memory (rotation-fast) slows down least of every method, Muon included",
+                 "the uniform short memory (rotation-fast) ends lowest", "fast_least", "fast_lowest")}
+
+
+def study(runs, window: int) -> tuple[dict, list, list]:
+  """``({(schedule, T): rows_of}, amendment 3's claims, amendment 6's claims)``, each family decided
+  under the protocol."""
   found = groups(runs)
   scale = {"reported": 1.0, "half": 0.5, "double": 2.0}
 
   rows = {k: rows_of(g, window[k[1]]) for k, g in found.items()}
+  halved = {}
 
-  def family(label):
-    out = []
-    for (schedule, steps), group in found.items():
-      r = rows[(schedule, steps)] if label == "reported" else rows_of(
-          group, max(1, int(window[steps] * scale[label])))
-      if not r["least"]:
-        continue
-      where = f"({schedule}, T = {steps}, P = {r['P']})"
-      out.append(claims.check(f"staleness-aware rotation slows down least of every method, Muon included "
-                              f"{where}", "beyond both papers (> 1)", r["least"], 1.0, log=True,
-                              context="smallest other method's slowdown over its own: "))
-      out.append(claims.check(f"staleness-aware rotation ends lowest {where}", "beyond both papers (> 0)",
-                              r["lowest"], 0.0, spec="{:+.4f}",
-                              context="lowest other final validation loss minus its own: "))
-    return out
-  return rows, claims.protocol(family)
+  def rows_at(key, label):
+    if label == "reported":
+      return rows[key]
+    if (key, label) not in halved:
+      halved[(key, label)] = rows_of(found[key], max(1, int(window[key[1]] * scale[label])))
+    return halved[(key, label)]
+
+  def family(subject, judged):
+    slow_claim, low_claim, least, lowest = CLAIMS[subject]
+
+    def at(label):
+      out = []
+      for schedule, steps in found:
+        r = rows_at((schedule, steps), label)
+        if not r[least] or not judged(steps):
+          continue
+        where = f"({schedule}, T = {steps}, P = {r['P']})"
+        out.append(claims.check(f"{slow_claim} {where}", "beyond both papers (> 1)", r[least], 1.0, log=True,
+                                context="smallest other method's slowdown over its own: "))
+        out.append(claims.check(f"{low_claim} {where}", "beyond both papers (> 0)", r[lowest], 0.0,
+                                spec="{:+.4f}", context="lowest other final validation loss minus its own: "))
+      return out
+    return claims.protocol(at)
+
+  return (rows, family(SUBJECT, lambda steps: True),
+          family(FAST, lambda steps: steps in FAST_JUDGED_AT))
 
 
-def write(rows: dict, decided: list, meta: dict, runs: list, out: pathlib.Path, command: str) -> dict:
+def _described(values, log: bool, spec: str) -> str:
+  """Per-seed values as ``mean [min, max]`` (geometric for a ratio), or why a seed has none."""
+  reason = next((v for v in values if isinstance(v, str)), None)
+  if reason is not None or not values:
+    return reason or "no seeds"
+  mean = float(np.exp(np.mean(np.log(values)))) if log else float(np.mean(values))
+  return mean_range(mean, min(values), max(values), len(values), spec)
+
+
+def _fast_section(rows: dict, fast: list) -> list:
+  """Amendment 6: ``rotation-fast``'s two quantities where they are not judged (a description),
+  then its claims where they are."""
+  described = [(k, r) for k, r in rows.items() if r["fast_least"] and k[1] not in FAST_JUDGED_AT]
+  lines = []
+  if described:
+    lines += ["## The uniform short memory (rotation-fast), described", "",
+              "Protocol amendment 6: the results at T = 2,400 suggested that the uniform short memory, "
+              "not the staleness-aware one, beats every method; its claims are judged at T = "
+              + ", ".join(f"{t:,}" for t in FAST_JUDGED_AT) + " only. Here, without a verdict:", "",
+              "| schedule, T, P | smallest other slowdown over its own (> 1: it slows down least), "
+              "geometric mean [min, max] | lowest other final validation loss minus its own (> 0: it "
+              "ends lowest) |", "|---|---|---|"]
+    lines += [f"| {sch}, {t}, {r['P']} | {_described(r['fast_least'], True, '{:.2f}')} | "
+              f"{_described(r['fast_lowest'], False, '{:+.4f}')} |" for (sch, t), r in described]
+    lines.append("")
+  return lines + claims.section(fast, heading="The uniform short memory's claims (amendment 6), checked")
+
+
+def write(rows: dict, decided: list, fast: list, meta: dict, runs: list, out: pathlib.Path,
+          command: str) -> dict:
   out.mkdir(parents=True, exist_ok=True)
   cpus = curves.hosts_text(curves.hosts_of(runs))
   lines = ["# A staleness-aware statistics memory", "", f"- made by `{command}`",
@@ -130,11 +193,11 @@ def write(rows: dict, decided: list, meta: dict, runs: list, out: pathlib.Path, 
       lines.append(f"| {m} | " + " | ".join(spread(r["slowdown"][m][str(p)]) for p in stages if p > 1)
                    + " | " + " | ".join(spread(r["final_val"][m][str(p)], "{:.4f}") for p in stages) + " |")
     lines.append("")
-  lines += claims.section(decided, heading="Claims, checked")
+  lines += claims.section(decided, heading="Claims, checked") + _fast_section(rows, fast)
   (out / "report.md").write_text("\n".join(lines))
   summary = {"command": command, "hosts": curves.hosts_of(runs),
              "groups": [{"schedule": s, "T": t, **r} for (s, t), r in rows.items()],
-             "claims": [c.summary() for c in decided]}
+             "claims": [c.summary() for c in decided], "claims_fast": [c.summary() for c in fast]}
   return write_summary(out, summary)
 
 
@@ -158,11 +221,11 @@ def main(argv=None):
                                    "sweeps": sweeps}, runs)
   runs = curves.read(out)["runs"]  # the study from the stored (block-mean) curves alone
   window = {int(t): w for t, w in windows.items()}
-  rows, decided = study(runs, window)
+  rows, decided, fast = study(runs, window)
   command = f"python -m experiments.studies.memory {args.out} --out {args.out}"  # rebuilds from --out
-  summary = write(rows, decided, {"sweeps": sweeps}, runs, out, command)
+  summary = write(rows, decided, fast, {"sweeps": sweeps}, runs, out, command)
   print(f"wrote {out / 'report.md'}: " + "; ".join(
-      f"{c['verdict']}: {c['claim']}" for c in summary["claims"]))
+      f"{c['verdict']}: {c['claim']}" for c in summary["claims"] + summary["claims_fast"]))
   return summary
 
 
