@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import pathlib
 
-import numpy as np
-
 from experiments import cli
 from experiments.report import claims, curves, metrics
 from experiments.report.tables import curves_by, mean_range, seed_tables, spread
@@ -116,14 +114,14 @@ def study(runs, window: int) -> tuple[dict, list, list]:
   scale = {"reported": 1.0, "half": 0.5, "double": 2.0}
 
   rows = {k: rows_of(g, window[k[1]]) for k, g in found.items()}
-  halved = {}
+  rescaled = {}
 
   def rows_at(key, label):
     if label == "reported":
       return rows[key]
-    if (key, label) not in halved:
-      halved[(key, label)] = rows_of(found[key], max(1, int(window[key[1]] * scale[label])))
-    return halved[(key, label)]
+    if (key, label) not in rescaled:
+      rescaled[(key, label)] = rows_of(found[key], max(1, int(window[key[1]] * scale[label])))
+    return rescaled[(key, label)]
 
   def family(subject, judged):
     slow_claim, low_claim, least, lowest = CLAIMS[subject]
@@ -149,10 +147,10 @@ def study(runs, window: int) -> tuple[dict, list, list]:
 def _described(values, log: bool, spec: str) -> str:
   """Per-seed values as ``mean [min, max]`` (geometric for a ratio), or why a seed has none."""
   reason = next((v for v in values if isinstance(v, str)), None)
-  if reason is not None or not values:
-    return reason or "no seeds"
-  mean = float(np.exp(np.mean(np.log(values)))) if log else float(np.mean(values))
-  return mean_range(mean, min(values), max(values), len(values), spec)
+  iv = None if reason else metrics.interval(values, log=log)
+  if iv is None:
+    return reason or "no number"
+  return mean_range(iv["mean"], iv["min"], iv["max"], iv["seeds"], spec)
 
 
 def _fast_section(rows: dict, fast: list) -> list:
