@@ -147,7 +147,7 @@ def report_claims(main, second, choice, groups, window: int) -> list:
   if choice:
     tables2, muon2 = claims_lib.claim_tables(curves_by(second), window)
     out += claims_lib.main_claims(tables2, " (second reading)", muon2)
-  return out + claims_lib.ablation_claims(groups, window, tables)
+  return out + claims_lib.ablation_claims(groups, window, curves_by(main) if main else {})
 
 
 def build(source, out=None, methods=None, command: str | None = None, figures: bool = True) -> dict:
