@@ -56,6 +56,11 @@ def test_the_subject_slows_down_least_and_ends_lowest_per_schedule_and_horizon(t
   assert "## 2BW, T = 600 (seeds [0, 1, 2, 3])" in report and "staleness-aware rotation ends lowest" in report
   again = memory.main([str(out), "--out", str(out)])  # the stored block-mean curves alone rebuild it
   assert again == summary and (out / "report.md").read_text() == report
+  for r in curves.read(out)["runs"]:  # 240 block means per run at every T (2 and 5 steps here)
+    c = r["config"]
+    x, block = np.asarray(_run(c["method"], c["stages"], c["seed"], c["steps"])["losses"]), c["steps"] // 240
+    means = [round(float(x[i:i + block].mean()), 4) for i in range(0, len(x), block)]
+    np.testing.assert_allclose(r["losses"], np.repeat(means, block)[:len(x)], atol=1.5e-4)  # 4 decimals
 
 
 def test_a_slower_subject_is_refuted_and_missing_runs_claim_nothing(tmp_path, monkeypatch):

@@ -22,7 +22,8 @@ short memory (``rotation-fast``), a Holm family of their own judged at the horiz
 ``FAST_JUDGED_AT`` (9,600) only, and printed as a description without a verdict at the others.
 
 Writes ``report.md``, ``summary.json`` and the merged runs as ``curves.json.xz`` with each training
-loss stored as means over blocks of ``BLOCK`` steps (``--out`` as the only SOURCE rebuilds the
+loss stored as ``BLOCKS`` means over consecutive blocks (10 steps at T = 2,400, 40 at 9,600: the same
+fraction of a run, and of its smoothing window, at every T; ``--out`` as the only SOURCE rebuilds the
 study from them).
 """
 
@@ -35,7 +36,7 @@ from experiments.report import claims, curves, metrics
 from experiments.report.tables import curves_by, mean_range, seed_tables, spread
 from experiments.studies import write_summary
 
-BLOCK = 10  # training-loss block mean stored per run (the slowdowns are computed from them)
+BLOCKS = 240  # training-loss block means stored per run (the slowdowns are computed from them)
 SUBJECT = "rotation-stage-decay"
 FAST = "rotation-fast"
 METHODS = ("rotation", FAST, SUBJECT, "nesterov", "muon")
@@ -207,7 +208,7 @@ def main(argv=None):
       by_t.setdefault(t, []).append(source)
   windows, runs, sweeps = {}, [], []
   for t, sources in sorted(by_t.items()):
-    data = curves.merge(sources, block=BLOCK)
+    data = curves.merge(sources, block=max(1, t // BLOCKS))
     windows[str(t)] = data["meta"].get("windows", {}).get(str(t), data["meta"]["window"])
     runs += [r for r in data["runs"] if r["config"]["steps"] == t]
     sweeps += [c for c in data["meta"]["sweeps"] if c not in sweeps]
