@@ -110,10 +110,15 @@ def test_four_decimal_losses_go_to_the_binary_block_exactly_and_other_values_sta
   text, _, blob = lzma.decompress(path.read_bytes()).partition(b"\n")
   stored = json.loads(text)
   assert stored["loss_scale"] == 10**4
+  stored_layout = stored["loss_layout"]
   stored = {r["name"]: r for r in stored["runs"]}
   assert stored["a"]["losses_int32"] == len(decimal) and "losses" not in stored["a"]
   assert stored["b"]["losses"] == raw and stored["c"]["losses"] == [1.5, -2.25, 300000.0]
-  assert len(blob) == 4 * len(decimal)
+  assert stored_layout == "byte-planes" and len(blob) == 4 * len(decimal)
+  missing = np.iinfo(np.int32).min
+  ints = np.array([missing if v in (None, float("inf")) else round(v * 10**4) for v in decimal],
+                  "<i4").view(np.uint8)
+  assert blob == b"".join(ints[k::4].tobytes() for k in range(4))  # lowest bytes first, then the next
   got = {r["name"]: r for r in curves.read(path)["runs"]}
   want = [float("inf") if v is None else v for v in decimal]
   assert got["a"]["losses"] == want  # exactly the same floats, not merely close
@@ -122,6 +127,12 @@ def test_four_decimal_losses_go_to_the_binary_block_exactly_and_other_values_sta
                           preset=9 | lzma.PRESET_EXTREME)
   curves.write(path, {"window": 5}, runs[:1])
   assert path.stat().st_size < 0.9 * len(as_text)  # the point of the binary block
+  sequential = tmp_path / "sequential"  # a file written before the byte planes: int32 in sequence
+  sequential.mkdir()
+  text = json.dumps({"loss_scale": 10**4, "meta": {"window": 5},
+                     "runs": [{"name": "a", "val_losses": [2.5], "losses_int32": len(decimal)}]})
+  (sequential / curves.FILE).write_bytes(lzma.compress(text.encode() + b"\n" + ints.tobytes()))
+  assert curves.read(sequential)["runs"][0]["losses"] == want
 
 
 def test_a_file_of_five_decimal_integers_reads_exactly_and_merges_with_its_four_decimal_copy(tmp_path):

@@ -11,8 +11,11 @@ step up to ``MAX_POINTS`` steps; a longer run stores the means over consecutive 
 ``loss_every = ceil(steps / MAX_POINTS)`` steps, which ``read`` repeats back to one value per step
 (so every metric still sees one loss per step, at a resolution of ``loss_every`` steps). The
 training losses are stored as integers (the loss times ``loss_scale``, written in the file: 10^4,
-or 10^5 in files written before the 4-decimal rule) in a binary block after the JSON: about 4.5 KB
-per 2,400-step run (xz). A run whose losses are not all such values keeps them in the JSON.
+or 10^5 in files written before the 4-decimal rule) in a binary block after the JSON, little-endian
+int32 laid out byte plane by byte plane (``loss_layout``: every value's lowest byte, then every
+value's next byte, ...; files written before it hold the int32 values one after the other), which
+xz compresses about 10% better: about 4 KB per 2,400-step run. A run whose losses are not all such
+values keeps them in the JSON.
 ``read`` also reads files whose losses are all in the JSON, and the older ``curves.json.gz``.
 """
 
@@ -35,6 +38,7 @@ LOSS_DECIMALS = 4  # training losses
 MAX_POINTS = 2400
 _SCALE = 10**LOSS_DECIMALS
 _MISSING = np.iinfo(np.int32).min  # a non-finite loss (read back as inf)
+PLANES = "byte-planes"  # ``loss_layout`` of the binary block (absent: int32 values in sequence)
 
 
 def _round(values, decimals=DECIMALS) -> list:
@@ -88,9 +92,9 @@ def _as_integers(losses) -> np.ndarray | None:
 def write(path: pathlib.Path, meta: dict, runs: list) -> None:
   """Writes ``{"meta", "runs"}`` (``runs``: ``record``s, or runs as ``read`` returns them: one
   longer than ``MAX_POINTS`` steps is stored as block means again) atomically, byte-identical for
-  the same content: the JSON (``loss_scale``, and each run's training losses replaced by their count,
-  ``losses_int32``, where they are ``LOSS_DECIMALS``-decimal values), a newline, then those losses
-  as little-endian int32, all xz."""
+  the same content: the JSON (``loss_scale``, ``loss_layout`` and each run's training losses replaced
+  by their count, ``losses_int32``, where they are ``LOSS_DECIMALS``-decimal values), a newline, then
+  those losses as little-endian int32 in byte planes, all xz."""
   stored, blocks = [], []
   for r in runs:
     if "loss_every" not in r and len(r["losses"]) > MAX_POINTS:  # as ``read`` returns a long run
@@ -102,9 +106,9 @@ def write(path: pathlib.Path, meta: dict, runs: list) -> None:
       continue
     stored.append({**{k: v for k, v in r.items() if k != "losses"}, "losses_int32": len(ints)})
     blocks.append(ints.astype("<i4").tobytes())
-  data = json.dumps({"loss_scale": _SCALE, "meta": meta, "runs": stored}, sort_keys=True,
-                    separators=(",", ":")).encode()
-  data += b"\n" + b"".join(blocks)
+  data = json.dumps({"loss_layout": PLANES, "loss_scale": _SCALE, "meta": meta, "runs": stored},
+                    sort_keys=True, separators=(",", ":")).encode()
+  data += b"\n" + np.frombuffer(b"".join(blocks), np.uint8).reshape(-1, 4).T.tobytes()
   tmp = path.with_name(path.name + ".tmp")
   with open(tmp, "wb") as f:
     f.write(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
@@ -126,6 +130,11 @@ def read(path: pathlib.Path) -> dict:
     text, _, blob = content.partition(b"\n")
     data = json.loads(text)
     scale = data.pop("loss_scale", 10**5)
+    layout = data.pop("loss_layout", None)
+    if layout == PLANES:
+      blob = np.frombuffer(blob, np.uint8).reshape(4, -1).T.tobytes()
+    elif layout is not None:
+      raise ValueError(f"unknown loss_layout {layout!r}")
     ints, at = np.frombuffer(blob, "<i4"), 0
     for r in data["runs"]:
       if "losses_int32" in r:
