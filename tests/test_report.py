@@ -252,3 +252,44 @@ def test_block_stores_compacted_curves_that_alone_rebuild_the_report(tmp_path):
   text = (bare / "report.md").read_text()
   assert "## Figures" not in text and "No figures are published with this study" in text
   assert quiet["rebuilt_by"] == f"python -m experiments.report {bare} --no-figures"
+
+
+def test_an_ablation_study_reports_every_ablation_and_its_claims_in_one_holm_family(tmp_path):
+  """The ablations' report as the queue publishes it (the main runs beside six ablations): every
+  section renders, and the main report's claims and the ablations' twelve rows are one family."""
+  def run(method, p, stretch, seed, group, **config):
+    r = _curve_run(method, p, stretch, seed, group=group)
+    tag = "_".join(f"{k}{v}" for k, v in config.items())
+    return {**r, "name": f"{group}_{r['name']}_{tag}", "config": {**r["config"], **config}}
+  slow = {"pipedream": 4.0, "pipedream-lr": 3.5, "nesterov": 3.0, "rotation": 2.0, "muon": 2.5,
+          "rotation-2nd-uni": 2.4, "rotation-1st-bi": 2.8, "rotation-1st-uni": 3.2, "rotation-sa": 1.9,
+          "rotation-sa-reverse": 2.2, "rotation-random": 4.5, "rotation-frozen": 3.8}
+  groups = {"main": ("pipedream", "pipedream-lr", "nesterov", "rotation", "muon"),
+            "variants": ("rotation", "rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni"),
+            "no-stashing": ("pipedream", "pipedream-lr", "nesterov", "rotation"),
+            "bases": ("rotation-random", "rotation-frozen", "rotation")}
+  runs = []
+  for seed in (0, 1, 2):
+    j = 1 + 0.04 * seed
+    for group, methods in groups.items():
+      extra = {"mode": "no_stashing"} if group == "no-stashing" else {}
+      for m in methods:
+        runs += [run(m, p, 1.0 if p == 1 else slow[m] * j * (1.3 if extra else 1.0), seed, group, **extra)
+                 for p in (1, 8)]
+    runs += [run(m, 8, slow[m] * j, seed, "stage-aware")
+             for m in ("rotation", "rotation-sa", "rotation-sa-reverse")]
+    for w, lead in ((32, 1.0), (64, 1.2), (128, 1.5)):  # rotation's lead over Nesterov grows with width
+      runs += [run(m, p, 1.0 if p == 1 else slow[m] * j / (lead if m == "rotation" else 1.0), seed, "width",
+                   width=w) for m in ("nesterov", "rotation") for p in (1, 8)]
+    runs += [run(m, p, 1.0 if p == 1 else slow[m] * j, seed, "moe", model="cpu-moe")
+             for m in groups["no-stashing"] for p in (1, 8)]
+  summary = report.main([str(_write_study(tmp_path / "ablations", runs)), "--no-figures"])
+  claims = summary["claims"]
+  assert len(claims) == 4 + 12 and {c["family"] for c in claims} == {16}
+  assert {c["verdict"] for c in claims} <= {"reproduced", "refuted", "inconclusive"}
+  text = (tmp_path / "ablations" / "report.md").read_text()
+  for name in ("variants", "stage-aware", "no-stashing", "bases", "width", "moe"):
+    assert f"## Ablation: {name}" in text
+  rows = {c["claim"].split(" (P = ")[0]: c for c in claims}
+  assert rows["a random fixed basis slows down more than the coordinate basis"]["verdict"] == "reproduced"
+  assert rows["second-order bilateral slows down least of the 2 x 2 taxonomy"]["verdict"] == "reproduced"
