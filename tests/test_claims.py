@@ -305,3 +305,15 @@ def test_a_seed_without_muon_or_one_baseline_still_counts_for_rotations_claims()
   gain = next(c for c in got if "staleness gain" in c.claim)
   assert gain.interval["seeds"] == 3 and gain.verdict == "reproduced"
   assert next(c for c in got if "Muon" in c.claim).interval["seeds"] == 2
+
+
+def test_a_study_in_progress_claims_only_what_its_finished_runs_can_say():
+  """As the queue publishes the ablations run by run: one width so far, and the unstashed runs at
+  P = 1 only, give no width or no-stashing rows (and no error)."""
+  with_ = lambda runs, **c: [{**r, "config": {**r["config"], **c}} for r in runs]
+  one_width = with_(_variants({"nesterov": 3, "rotation": 2}), width=32)
+  p1 = with_([r for r in _study(2.0, 4.0) if r["config"]["stages"] == 1], mode="no_stashing")
+  main = curves_by(_study(2.0, 4.0))
+  assert claims.ablation_claims({"width": one_width, "no-stashing": p1, "moe": p1}, WINDOW, main) == []
+  two = one_width + with_(one_width, width=64)
+  assert len(claims.ablation_claims({"width": two}, WINDOW, main)) == 2

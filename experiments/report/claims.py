@@ -340,7 +340,7 @@ def ablation_claims(groups, window: int, main_curves: dict) -> list[Claim]:
       values = [why if v is None else v for v in rows[method]["per_seed"]]
       out.append(check(claim, paper, values, 1.0, side, "{:.3f}", "uniform's iterations over the "
                        "allocation's (1.292: +29.2%): ", log=True))
-  if "no-stashing" in groups:
+  if staleness("no-stashing"):
     tables, top = study("no-stashing")
     main = _tables_by_seed({k: v for k, v in main_curves.items()
                             if k[0] in BASELINES + ("rotation",) and k[1] in (1, top)}, window)
@@ -379,11 +379,11 @@ def ablation_claims(groups, window: int, main_curves: dict) -> list[Claim]:
       out.append(check(f"{claim} (P = {top})", mechanism,
                        [_slower(t, slow, [fast], top) for t in tables.values()], 1.0, log=True,
                        context=f"{slow}'s slowdown / {fast}'s: "))
-  if "width" in groups:
-    by_width = {}
-    for r in groups["width"]:
-      by_width.setdefault(width_of(r), []).append(r)
-    widths = sorted(by_width)
+  by_width = {}
+  for r in groups.get("width", []):
+    by_width.setdefault(width_of(r), []).append(r)
+  widths = sorted(by_width)
+  if staleness("width") and len(widths) > 1:  # (a study in progress may hold one width so far)
     per = {w: _tables_by_seed(curves_by(by_width[w]), window) for w in widths}
     top = max(r["config"]["stages"] for r in groups["width"])
     seeds = sorted(set.intersection(*(set(v) for v in per.values())))
@@ -412,7 +412,7 @@ def ablation_claims(groups, window: int, main_curves: dict) -> list[Claim]:
                        "T = 100 still leads the baselines",
                        [best(t) - _final(_at(t, "rotation-T100", top)) for t in tables.values()],
                        0.0, spec="{:+.3f}", context="best baseline's final loss minus T = 100's: "))
-  if "moe" in groups:
+  if staleness("moe"):
     tables, top = study("moe")
     out.append(check(f"rotation helps a mixture-of-experts model (P = {top})", "fewer iterations",
                      [(_at(t, "rotation", top) or {}).get("fewer") for t in tables.values()], 0.0,
