@@ -178,3 +178,15 @@ def test_a_runs_model_revision_is_recorded_and_a_mix_of_revisions_is_said():
   line, = curves.revision_lines(same + [{"model_revision": 1}, {}])
   assert line.startswith("- **runs of more than one model revision**")
   assert "revision 1 (1 runs), revision 2 (2 runs), unrecorded (1 runs)" in line
+
+
+def test_a_run_listed_by_the_main_study_and_an_ablation_keeps_both_records_through_a_merge(tmp_path):
+  """An ablation lists main runs again (the taxonomy's rotation is the main study's): the sweep writes
+  one record per group, and merging (``--block``, ``--add``) keeps each group's record."""
+  x = [round(float(v), 4) for v in np.random.default_rng(5).uniform(1, 3, 300)]
+  runs = [curves.record(group, _result(x, name="rotation_P16_s0")) for group in ("main", "variants")]
+  runs.append(curves.record("main", _result(x[::-1], name="pipedream_P16_s0")))
+  curves.write(tmp_path / curves.FILE, {"window": 5}, runs)
+  merged = curves.merge([tmp_path, tmp_path], block=10)["runs"]
+  assert sorted((r["group"], r["name"]) for r in merged) == [
+      ("main", "pipedream_P16_s0"), ("main", "rotation_P16_s0"), ("variants", "rotation_P16_s0")]

@@ -181,9 +181,10 @@ def setting(config: dict, free) -> str:
 
 def merge(paths, block: int | None = None) -> dict:
   """The curves files of ``paths`` as one study: the first file's ``meta`` (its window must be every
-  file's) with ``meta["sweeps"]`` listing every sweep command, and each run once (a run in several
-  files must be the same run: the same config, and losses equal to one unit of the stored precision,
-  since a run stored before the 4-decimal rule was rounded twice; the first file's copy is kept).
+  file's) with ``meta["sweeps"]`` listing every sweep command, and each run once per group (an
+  ablation lists main runs again, as its own group's records; a run in several files must be the same
+  run: the same config, and losses equal to one unit of the stored precision, since a run stored
+  before the 4-decimal rule was rounded twice; the first file's copy is kept).
   Training losses are rounded to ``LOSS_DECIMALS``.
   ``block``: every run ``compact``ed (the runs are then as ``write`` stores them, not as ``read``
   returns them)."""
@@ -200,7 +201,7 @@ def merge(paths, block: int | None = None) -> dict:
                        f"{meta['window']}: not one study")
     sweeps += [c for c in data["meta"].get("sweeps", [data["meta"].get("command")]) if c not in sweeps]
     for r in data["runs"]:
-      held = merged.setdefault(r["name"], r)
+      held = merged.setdefault((r.get("group"), r["name"]), r)
       if not _same_run(held, r):
         raise ValueError(f"run {r['name']!r} differs between the files: rerun or drop one of them")
   return {"meta": {**meta, "sweeps": sweeps}, "runs": list(merged.values())}
