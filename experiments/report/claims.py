@@ -28,7 +28,7 @@ import scipy.stats
 
 from experiments.harness.methods import ALLOCATIONS, BASELINES, VARIANTS
 from experiments.report import metrics
-from experiments.report.tables import blocks_of, curves_by, stage_aware_rows, width_of
+from experiments.report.tables import blocks_of, curves_by, seed_tables, stage_aware_rows, width_of
 
 VERDICTS = ("reproduced", "refuted", "inconclusive")
 ALPHA = 0.05  # the family-wise error rate of one report's claims
@@ -288,10 +288,9 @@ def _final(row) -> float:
 
 
 def _tables_by_seed(curves: dict, window: int) -> dict:
-  """``{seed: one seed's study table}`` over the seeds every curve in ``curves`` holds."""
-  seeds = set.intersection(*(set(v) for v in curves.values())) if curves else set()
-  return {s: metrics.study_table({k: v[s] for k, v in curves.items()}, BASELINES, window)
-          for s in sorted(seeds)}
+  """``seed_tables`` keyed by seed (the seeds every curve in ``curves`` holds)."""
+  seeds = sorted(set.intersection(*(set(v) for v in curves.values()))) if curves else []
+  return dict(zip(seeds, seed_tables(curves, window)))
 
 
 def _slower(rows, method: str, others, p: int):
