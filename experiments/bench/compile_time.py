@@ -43,7 +43,7 @@ def layout(name: str, layers: int, width: int):
 def compile_seconds(tx: optax.GradientTransformation, params) -> float:
   """Seconds to lower and compile ``tx.update`` for ``params`` (shape structs), in a new ``jit``."""
   state = jax.eval_shape(tx.init, params)
-  fn = jax.jit(lambda g, s, p: tx.update(g, s, p))
+  fn = jax.jit(tx.update)  # a new transformation, so a new jit
   cached = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)  # every compilation a real one
   try:
