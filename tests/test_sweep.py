@@ -17,11 +17,12 @@ from experiments.harness import memory as memory_lib
 from experiments.harness import provenance, runs
 from experiments.harness.config import RunConfig, identity, run_dir, run_name
 from experiments.report import build as report_lib
+from experiments.report import curves
 from experiments.sweep import executor as sweep
 from experiments.sweep import workers
 
 
-def test_smoke_sweep_end_to_end(tmp_path):
+def test_smoke_sweep_end_to_end(tmp_path, monkeypatch):
   # Two runs at a time, each in a worker process (--jobs 2); a run trained here equals its worker's.
   out = sweep.main(["--preset", "smoke", "--jobs", "2", "--out", str(tmp_path / "s")])
   plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
@@ -63,6 +64,23 @@ def test_smoke_sweep_end_to_end(tmp_path):
   assert header.startswith(f"- made by `python -m experiments.sweep --preset smoke --out {out} --publish")
   assert f"commit(s) {str(provenance.code_version()['commit'])[:12]}" in header
   assert "s of training over 4 distinct runs" in header
+  # A sweep moved to a new machine (an empty --out) restores its published runs and trains none of
+  # them: the same curves, so the same report numbers; a second restore finds nothing missing.
+  moved = tmp_path / "moved"
+  monkeypatch.setattr(runs, "train", lambda *a, **k: pytest.fail("a published run was trained again"))
+  sweep.main(["--preset", "smoke", "--out", str(moved), "--restore-from", str(tmp_path / "pub")])
+  assert json.loads((moved / "summary.json").read_text())["headline"] == summary["headline"]
+  restored = [json.loads(p.read_text()) for p in (moved / "runs").glob("*/result.json")]
+  assert sorted(r["name"] for r in restored) == sorted(r["name"] for r in results)
+  assert all(r["restored_from"] == str(tmp_path / "pub") for r in restored)
+  by_name = {r["name"]: r for r in results}
+  for r in restored:  # the losses at the curves file's 4 decimals
+    assert np.allclose(r["losses"], by_name[r["name"]]["losses"], atol=5e-5, rtol=0)
+    assert r["val_losses"] == [round(v, 5) for v in by_name[r["name"]]["val_losses"]]
+  assert sweep.restore_finished(sweep.make_plan(sweep.parse_args(["--preset", "smoke"])), ds, moved,
+                                [tmp_path / "pub"]) == 0
+  with pytest.raises(ValueError, match="cannot be restored into folder 'other'"):
+    runs.restore(curves.read(tmp_path / "pub")["runs"][0], tmp_path / "other", ds, "pub")
   # --finished-only reports the finished runs of a plan (here seed 1 has none) into --publish,
   # training nothing and writing nothing in --out (a sweep may be training there).
   files = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
@@ -202,6 +220,8 @@ def test_overrides_reach_every_run_and_its_identity():
     (["--preset", "smoke", "--stages", "8"], "8 stages is more than the model's 4 blocks"),
     (["--preset", "smoke", "--ablations", "everything"], "unknown ablation 'everything'"),
     (["--preset", "smoke", "--steps", "15"], "multiple of the chunk 10"),
+    (["--preset", "smoke", "--restore-from", "no-such-folder"], "--restore-from 'no-such-folder' holds no"),
+    (["--preset", "smoke", "--restore-from", "docs/results/cpu", "--dry-run"], "cannot be combined"),
 ])
 def test_bad_input_fails_before_training(tmp_path, argv, match):
   with pytest.raises(ValueError, match=match):

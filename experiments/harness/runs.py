@@ -45,6 +45,37 @@ def load_result(run_dir) -> dict | None:
     return None
 
 
+def restore(record: dict, folder: pathlib.Path, ds: Dataset, source: str) -> dict:
+  """Writes the ``result.json`` of a finished run from its published curves record (``record``, as
+  ``experiments.report.curves.read`` returns it; ``folder``: the run's folder, whose name must be the
+  record's), so that a sweep on a new machine skips the run instead of training it again.
+
+  The result holds what the curves file stores: training losses at its 4 decimals (a run published
+  as block means comes back as those means, repeated per step), validation losses, timing, CPU, code
+  version and diagnostics; it names its source (``restored_from``) and has no checkpoint (a study
+  that needs the trained state retrains the run)."""
+  folder = pathlib.Path(folder)
+  if record["name"] != folder.name:
+    raise ValueError(f"run {record['name']!r} cannot be restored into folder {folder.name!r}: "
+                     "a run's folder is named by its identity")
+  result = {
+      "name": record["name"], "config": record["config"], "status": record["status"],
+      "steps_done": len(record["losses"]), "losses": [float(x) for x in record["losses"]],
+      "val_steps": list(record["val_steps"]), "val_losses": [float(x) for x in record["val_losses"]],
+      "seconds": record.get("seconds"), "compile_seconds": None,
+      "steps_per_second": record.get("steps_per_second"), "jobs": record.get("jobs"),
+      "data": {"name": ds.name, "sha256": ds.sha256, "tokens": ds.num_tokens, "vocab_size": ds.vocab_size},
+      "versions": {"host": record.get("host"), "code": record.get("code")}, "restored_from": source}
+  if record.get("model_revision") is not None:
+    result["identity"] = {"model_revision": record["model_revision"]}
+  if record.get("diagnostics"):
+    result["diagnostics"] = record["diagnostics"]
+  if is_primary():
+    folder.mkdir(parents=True, exist_ok=True)
+  write_json(folder / "result.json", result)
+  return result
+
+
 def _staged(config: RunConfig, cfg) -> ps.Staged:
   w = config.moe_loss_weight
   return ps.Staged(model_lib.stage_functions(cfg, config.stages, config.dtype),

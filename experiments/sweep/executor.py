@@ -111,6 +111,11 @@ def parse_args(argv=None):
   parser.add_argument("--publish", help="also copy report.md, results.csv, summary.json, the curves "
                       "file and the figures into this "
                       "folder (for example docs/results/cpu), after the report is written")
+  parser.add_argument("--restore-from", nargs="+", default=[], metavar="FOLDER", help="before training, "
+                      "write the result of every run of this sweep that is missing in --out but published "
+                      f"in one of these folders' {curves.FILE} (its docs/results folder, say), so that a "
+                      "sweep moved to a new machine trains only what never finished (a run is matched by "
+                      "its folder name: its settings, data and vocabulary)")
   parser.add_argument("--dry-run", action="store_true", help="print the plan (every run, cached or "
                       "not) with each unfinished run's compiled FLOPs per step, memory and estimated "
                       "time from one timed chunk; trains nothing")
@@ -263,6 +268,14 @@ def make_plan(args) -> Plan:
   if args.finished_only and (not args.publish or args.tune_lr or args.dry_run):
     raise ValueError("--finished-only writes its report into --publish (required) and cannot be "
                      "combined with --tune-lr or --dry-run")
+  if args.restore_from and (args.finished_only or args.dry_run):
+    raise ValueError("--restore-from writes finished runs into --out before training and cannot be "
+                     "combined with --finished-only or --dry-run")
+  for folder in args.restore_from:
+    path = pathlib.Path(folder)
+    if not (path / curves.FILE).is_file() and not (path.is_file() and path.name == curves.FILE):
+      raise ValueError(f"--restore-from {folder!r} holds no {curves.FILE} (give a sweep's --out or a "
+                       "docs/results folder)")
   preset = make_preset(args)
   method_names = tuple(args.methods or preset.methods)
   for m in method_names:
@@ -453,6 +466,21 @@ def study_meta(preset, ds, stages, command: str) -> dict:
           "setting": setting, "deviations": deviations(preset, ds, stages), "plumbing": preset.plumbing}
 
 
+def restore_finished(plan, ds, out: pathlib.Path, sources) -> int:
+  """Restores into ``out`` (``runs.restore``) every run of ``plan`` that has no result there and is
+  published in one of ``sources``' curves files; returns how many."""
+  configs = list(plan.main) + [c for _, c in plan.ablations]
+  folders = {f.name: f for f in (run_dir(c, ds, out) for c in configs)}
+  restored = 0
+  for source in sources:
+    for record in curves.read(source)["runs"]:
+      folder = folders.get(record["name"])
+      if folder is not None and runs.load_result(folder) is None:
+        runs.restore(record, folder, ds, str(source))
+        restored += 1
+  return restored
+
+
 def report_finished(plan, ds, out: pathlib.Path, target: pathlib.Path, command: str) -> pathlib.Path:
   """Writes the curves file and the report of the runs of ``plan`` that have finished in ``out`` into
   ``target``; trains nothing and writes nothing in ``out`` (a sweep may be training there)."""
@@ -491,6 +519,9 @@ def main(argv=None) -> pathlib.Path:
     print(f"sweep '{preset.name}': {len(plan.main) + len(plan.ablations)} runs -> {out.resolve()}")
     print(f"data: {ds.name} ({ds.num_tokens} tokens, vocabulary {ds.vocab_size}, "
           f"sha256 {ds.sha256[:16]}...)")
+    if args.restore_from:
+      n = restore_finished(plan, ds, out, args.restore_from)
+      print(f"restored {n} finished run(s) from {', '.join(args.restore_from)}")
     t0 = time.time()
     methods = {c.method for c in plan.main} | {c.method for _, c in plan.ablations}
     tuning = len(preset.tune_grid) * len(methods) if args.tune_lr else 0
