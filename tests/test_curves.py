@@ -94,6 +94,12 @@ def test_compact_stores_block_means_that_read_repeats_and_compacting_twice_chang
   back = curves.read(tmp_path)["runs"][0]
   assert back["losses"][:100] == [49.5] * 100 and len(back["losses"]) == 260
   assert curves.compact(back, 100)["losses"] == once["losses"]
+  # Merging such a file (``report --add``) stores its runs as the same blocks again, not per step.
+  import lzma
+  curves.write(tmp_path / "merged.xz", {"window": 5}, curves.merge([tmp_path / curves.FILE])["runs"])
+  stored, = json.loads(lzma.decompress((tmp_path / "merged.xz").read_bytes()).partition(b"\n")[0])["runs"]
+  assert stored["loss_every"] == 100 and stored["num_losses"] == 260 and "stored_every" not in stored
+  assert curves.read(tmp_path / "merged.xz")["runs"][0]["losses"] == back["losses"]
 
 
 def test_four_decimal_losses_go_to_the_binary_block_exactly_and_other_values_stay_json(tmp_path):

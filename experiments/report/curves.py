@@ -16,6 +16,8 @@ int32 laid out byte plane by byte plane (``loss_layout``: every value's lowest b
 value's next byte, ...; files written before it hold the int32 values one after the other), which
 xz compresses about 10% better: about 4 KB per 2,400-step run. A run whose losses are not all such
 values keeps them in the JSON.
+``read`` marks a run stored as block means with ``stored_every`` (the block), so that ``write``, and
+hence ``merge`` and ``--add``, store it as those blocks again rather than as the repeated values.
 ``read`` also reads files whose losses are all in the JSON, and the older ``curves.json.gz``.
 """
 
@@ -97,9 +99,10 @@ def write(path: pathlib.Path, meta: dict, runs: list) -> None:
   those losses as little-endian int32 in byte planes, all xz."""
   stored, blocks = [], []
   for r in runs:
-    if "loss_every" not in r and len(r["losses"]) > MAX_POINTS:  # as ``read`` returns a long run
-      r = compact({**r, "losses": [math.inf if v is None else v for v in r["losses"]]},
-                  math.ceil(len(r["losses"]) / MAX_POINTS))
+    if "loss_every" not in r and (r.get("stored_every", 1) > 1 or len(r["losses"]) > MAX_POINTS):
+      # as ``read`` returns a run stored as block means: stored as those blocks again
+      every = r.get("stored_every") or math.ceil(len(r["losses"]) / MAX_POINTS)
+      r = compact({**r, "losses": [math.inf if v is None else v for v in r["losses"]]}, every)
     ints = _as_integers(r["losses"])
     if ints is None:
       stored.append(r)
@@ -149,6 +152,7 @@ def read(path: pathlib.Path) -> dict:
       every = r.pop("loss_every", 1)
       if every > 1:
         r["losses"] = np.repeat(r["losses"], every)[:r.pop("num_losses")].tolist()
+        r["stored_every"] = every  # ``write`` stores the run as these block means again
   except (lzma.LZMAError, OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as e:
     # (a truncated or foreign file, or JSON without the runs: gzip raises OSError/EOFError, JSON
     # ValueError, a missing field KeyError)
@@ -163,7 +167,7 @@ def compact(run: dict, block: int) -> dict:
   for studies that read final validation losses only; compacting twice gives the same run."""
   x = np.asarray(run["losses"], np.float64)
   means = [float(x[i:i + block].mean()) for i in range(0, len(x), block)]
-  out = {k: v for k, v in run.items() if k not in ("losses", "loss_every", "num_losses")}
+  out = {k: v for k, v in run.items() if k not in ("losses", "loss_every", "num_losses", "stored_every")}
   out["val_losses"] = [None if not math.isfinite(v) else v for v in run["val_losses"]]
   return {**out, "losses": _round(means, LOSS_DECIMALS),
           "loss_every": block, "num_losses": len(x)}
