@@ -213,8 +213,10 @@ def merge(paths, block: int | None = None) -> dict:
 
 def _same_run(a: dict, b: dict) -> bool:
   x, y = np.asarray(a["losses"], np.float64), np.asarray(b["losses"], np.float64)
-  return a["config"] == b["config"] and x.shape == y.shape and bool(
-      np.all((x == y) | (np.abs(x - y) <= 1.000001 * 10.0**-LOSS_DECIMALS)))
+  if a["config"] != b["config"] or x.shape != y.shape:
+    return False
+  with np.errstate(invalid="ignore"):  # inf - inf: the equal non-finite steps pass by ``x == y``
+    return bool(np.all((x == y) | (np.abs(x - y) <= 1.000001 * 10.0**-LOSS_DECIMALS)))
 
 
 def revision_lines(runs) -> list:
