@@ -290,7 +290,7 @@ def main(argv=None):
         f" --methods {' '.join(args.methods)}" if args.methods else "") + (
         " --no-figures" if args.no_figures else "")
     summary = build(source, args.out, args.methods, command, figures=not args.no_figures)
-    print(f"wrote {pathlib.Path(args.out or args.source) / 'report.md'}")
+    print(f"wrote {pathlib.Path(args.out or source) / 'report.md'}")
   if args.readme is not None:
     readme = pathlib.Path(args.readme)
     if not readme.is_file():
