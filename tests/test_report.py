@@ -225,12 +225,13 @@ def test_add_merges_rerun_seeds_into_a_study_and_the_merged_curves_rebuild_it(tm
     report.main([str(first), "--add", str(clash)])
 
 
-def test_block_stores_compacted_curves_that_alone_rebuild_the_report(tmp_path):
+def test_block_stores_compacted_curves_that_alone_rebuild_the_report(tmp_path, capsys):
   runs = [r for s in (0, 1) for m, sp in (("pipedream", 4.0), ("rotation", 2.0))
           for r in (_curve_run(m, 1, 1.0, s), _curve_run(m, 8, sp * (1 + 0.05 * s), s))]
   full = _write_study(tmp_path / "full", runs)
   out = tmp_path / "small"
   summary = report.main([str(full), "--block", "10", "--out", str(out)])
+  assert f"wrote {out / 'report.md'}" in capsys.readouterr().out  # where it went, not SOURCE
   raw_file = json.loads(lzma.decompress((out / curves.FILE).read_bytes()).partition(b"\n")[0])
   assert all(r["loss_every"] == 10 for r in raw_file["runs"])
   stored = curves.read(out)["runs"]
