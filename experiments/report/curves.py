@@ -99,9 +99,9 @@ def write(path: pathlib.Path, meta: dict, runs: list) -> None:
   those losses as little-endian int32 in byte planes, all xz."""
   stored, blocks = [], []
   for r in runs:
-    if "loss_every" not in r and (r.get("stored_every", 1) > 1 or len(r["losses"]) > MAX_POINTS):
-      # as ``read`` returns a run stored as block means: stored as those blocks again
-      every = r.get("stored_every") or math.ceil(len(r["losses"]) / MAX_POINTS)
+    # as ``read`` returns a run stored as block means (or one too long for per-step values): blocks
+    every = r.get("stored_every") or math.ceil(len(r["losses"]) / MAX_POINTS)
+    if "loss_every" not in r and every > 1:
       r = compact({**r, "losses": [math.inf if v is None else v for v in r["losses"]]}, every)
     ints = _as_integers(r["losses"])
     if ints is None:
