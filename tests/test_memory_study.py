@@ -94,3 +94,21 @@ def test_the_uniform_short_memory_is_judged_only_where_amendment_6_says_in_a_fam
   assert "| 1f1b, 600, 8 | 0.67 [" in described and "| 2bw, 600, 8 | 0.67 [" in described
   assert "1f1b, 1200, 8 |" not in described.split("## ")[0]  # judged there, so not merely described
   assert "## The uniform short memory's claims (amendment 6), checked" in report
+
+
+def test_runs_of_the_long_horizon_merge_into_a_published_study_of_both(tmp_path):
+  # The queue's watcher: the published study (both T, the file's window the short T's) plus a newer
+  # publish of the long T's finished runs, whose own file smooths with the long T's window.
+  short, long = _sweep(tmp_path / "short", 600), _sweep(tmp_path / "long", 1200, seeds=(0, 1, 2))
+  out = tmp_path / "out"
+  memory.main([str(short), str(long), "--out", str(out)])
+  more = _sweep(tmp_path / "more", 1200, seeds=(0, 1, 2, 3))  # seed 3 finished since
+  summary = memory.main([str(out), str(more), "--out", str(out)])
+  seeds = {(g["schedule"], g["T"]): g["seeds"] for g in summary["groups"]}
+  assert seeds[("1f1b", 1200)] == [0, 1, 2, 3] and seeds[("1f1b", 600)] == [0, 1, 2, 3]
+  assert curves.read(out)["meta"]["windows"] == {"600": 30, "1200": 60}
+  with pytest.raises(ValueError, match="window 99"):  # a file that really smooths otherwise
+    odd = _sweep(tmp_path / "odd", 1200, seeds=(0,))
+    data = curves.read(odd)
+    curves.write(odd / curves.FILE, {**data["meta"], "window": 99}, data["runs"])
+    memory.main([str(out), str(odd), "--out", str(tmp_path / "o2")])

@@ -183,9 +183,11 @@ def setting(config: dict, free) -> str:
   return json.dumps({k: v for k, v in c.items() if k not in free}, sort_keys=True)
 
 
-def merge(paths, block: int | None = None) -> dict:
+def merge(paths, block: int | None = None, steps: int | None = None) -> dict:
   """The curves files of ``paths`` as one study: the first file's ``meta`` (its window must be every
-  file's) with ``meta["sweeps"]`` listing every sweep command, and each run once per group (an
+  file's; with ``steps``, each file's window for runs of that length, its ``meta["windows"]`` where a
+  study of several horizons stores one per T) with ``meta["sweeps"]`` listing every sweep command, and
+  each run once per group (an
   ablation lists main runs again, as its own group's records; a run in several files must be the same
   run: the same config, and losses equal to one unit of the stored precision, since a run stored
   before the 4-decimal rule was rounded twice; the first file's copy is kept).
@@ -199,9 +201,10 @@ def merge(paths, block: int | None = None) -> dict:
       r["losses"] = [round(v, LOSS_DECIMALS) if math.isfinite(v) else v for v in r["losses"]]
     if block is not None:
       data["runs"] = [compact(r, block) for r in data["runs"]]
-    meta = meta or dict(data["meta"])
-    if data["meta"]["window"] != meta["window"]:
-      raise ValueError(f"{str(path)!r} smooths with window {data['meta']['window']}, the first file with "
+    window = data["meta"].get("windows", {}).get(str(steps), data["meta"]["window"])
+    meta = meta or {**data["meta"], "window": window}
+    if window != meta["window"]:
+      raise ValueError(f"{str(path)!r} smooths with window {window}, the first file with "
                        f"{meta['window']}: not one study")
     sweeps += [c for c in data["meta"].get("sweeps", [data["meta"].get("command")]) if c not in sweeps]
     for r in data["runs"]:

@@ -208,8 +208,8 @@ def main(argv=None):
       by_t.setdefault(t, []).append(source)
   windows, runs, sweeps = {}, [], []
   for t, sources in sorted(by_t.items()):
-    data = curves.merge(sources, block=max(1, t // BLOCKS))
-    windows[str(t)] = data["meta"].get("windows", {}).get(str(t), data["meta"]["window"])
+    data = curves.merge(sources, block=max(1, t // BLOCKS), steps=t)
+    windows[str(t)] = data["meta"]["window"]
     runs += [r for r in data["runs"] if r["config"]["steps"] == t]
     sweeps += [c for c in data["meta"]["sweeps"] if c not in sweeps]
   if not runs:
