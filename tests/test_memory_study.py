@@ -107,8 +107,8 @@ def test_runs_of_the_long_horizon_merge_into_a_published_study_of_both(tmp_path)
   seeds = {(g["schedule"], g["T"]): g["seeds"] for g in summary["groups"]}
   assert seeds[("1f1b", 1200)] == [0, 1, 2, 3] and seeds[("1f1b", 600)] == [0, 1, 2, 3]
   assert curves.read(out)["meta"]["windows"] == {"600": 30, "1200": 60}
-  with pytest.raises(ValueError, match="window 99"):  # a file that really smooths otherwise
-    odd = _sweep(tmp_path / "odd", 1200, seeds=(0,))
-    data = curves.read(odd)
-    curves.write(odd / curves.FILE, {**data["meta"], "window": 99}, data["runs"])
+  odd = _sweep(tmp_path / "odd", 1200, seeds=(0,))  # a file that really smooths otherwise
+  data = curves.read(odd)
+  curves.write(odd / curves.FILE, {**data["meta"], "window": 99}, data["runs"])
+  with pytest.raises(ValueError, match="window 99"):
     memory.main([str(out), str(odd), "--out", str(tmp_path / "o2")])

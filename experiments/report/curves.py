@@ -187,10 +187,10 @@ def merge(paths, block: int | None = None, steps: int | None = None) -> dict:
   """The curves files of ``paths`` as one study: the first file's ``meta`` (its window must be every
   file's; with ``steps``, each file's window for runs of that length, its ``meta["windows"]`` where a
   study of several horizons stores one per T) with ``meta["sweeps"]`` listing every sweep command, and
-  each run once per group (an
-  ablation lists main runs again, as its own group's records; a run in several files must be the same
-  run: the same config, and losses equal to one unit of the stored precision, since a run stored
-  before the 4-decimal rule was rounded twice; the first file's copy is kept).
+  each run once per group (an ablation lists main runs again, as its own group's records; a run in
+  several files must be the same run: the same config, and losses equal to one unit of the stored
+  precision, since a run stored before the 4-decimal rule was rounded twice; the first file's copy is
+  kept).
   Training losses are rounded to ``LOSS_DECIMALS``.
   ``block``: every run ``compact``ed (the runs are then as ``write`` stores them, not as ``read``
   returns them)."""
