@@ -78,3 +78,17 @@ def test_refer_reads_runs_published_elsewhere_without_copying_them(tmp_path):
   report = (out / "report.md").read_text()
   again = lag.main([str(out), "--refer", str(main), "--out", str(out)])  # --out and --refer rebuild it
   assert again == summary and (out / "report.md").read_text() == report
+
+
+def test_a_long_horizons_report_tests_the_fixed_decay_and_chooses_nothing(tmp_path):
+  sources = [_sweep(tmp_path / "a", 0.999, 6.0, 0.0), _sweep(tmp_path / "b", 0.95, 2.0, 0.3)]
+  out = tmp_path / "out"
+  summary = lag.main([str(s) for s in sources] + ["--fixed", "0.95", "--out", str(out)])
+  assert summary["chosen"] is None and summary["fixed"] == 0.95 and "--fixed 0.95" in summary["command"]
+  got = {d["decay"]: d["eligibility"] for d in summary["decays"]}
+  assert got[0.999] == "the reference" and got[0.95].startswith("P = 1 validation loss minus 0.999's +0.3000")
+  assert [c["verdict"] for c in summary["claims"]] == ["reproduced"]  # 6 / 2, the same claim as ever
+  report = (out / "report.md").read_text()
+  assert "**chosen**" not in report and "fixed in advance" in report and "P = 1 against 0.999 |" in report
+  with pytest.raises(ValueError, match="--fixed 0.9: no rotation runs"):
+    lag.main([str(s) for s in sources] + ["--fixed", "0.9", "--out", str(tmp_path / "o2")])

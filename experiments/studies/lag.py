@@ -13,7 +13,8 @@ family under the protocol (``claims.protocol``: log scale, Holm, the window rule
 below 0.999, "it slows rotation down less than 0.999" (per seed, 0.999's slowdown over its). The
 decay the protocol carries to the long horizons: the lowest seed-mean slowdown among the decays
 whose P = 1 final validation loss is not worse than 0.999's beyond the seeds' 95% interval (the
-per-seed difference's interval reaches zero or below).
+per-seed difference's interval reaches zero or below). A long horizon's report (``--fixed DECAY``)
+tests the decay carried there and chooses nothing.
 
 Writes ``report.md``, ``lag.png`` (slowdown per decay, each seed a point) and ``summary.json``
 (``{"decays": [{"decay", "seeds", "slowdown", "per_seed", "val_p1", "val_top", ...}], "claims",
@@ -95,41 +96,61 @@ def lag_claims(rows) -> list:
   return out
 
 
+def p1_differences(rows) -> dict:
+  """Per decay other than the reference: the interval of its P = 1 final validation loss minus
+  0.999's over the seeds they share (``metrics.interval``), ``None`` where there is none."""
+  out = {}
+  for row in rows:
+    if row["decay"] != REFERENCE:
+      ref, mine, _ = _paired(rows, row["decay"], "val_p1")
+      iv = metrics.interval([b - a if a is not None and b is not None else None for a, b in zip(ref, mine)])
+      out[row["decay"]] = iv if iv is not None and iv["ci95"] is not None else None
+  return out
+
+
+def _difference(iv) -> str:
+  if iv is None:
+    return "no interval of its P = 1 validation loss against 0.999's"
+  return (f"P = 1 validation loss minus 0.999's {iv['mean']:+.4f} "
+          f"(CI {iv['ci95'][0]:+.4f} to {iv['ci95'][1]:+.4f})")
+
+
 def chosen_decay(rows) -> tuple[float | None, dict]:
   """The protocol's rule (module docstring): ``(decay, {decay: why eligible or not})``."""
   if not any(r["decay"] == REFERENCE for r in rows):
     return None, {}
-  why, eligible = {}, []
-  for row in rows:
-    if row["decay"] == REFERENCE:
-      eligible.append(row)
-      why[row["decay"]] = "the reference"
+  why, eligible = {REFERENCE: "the reference"}, [r for r in rows if r["decay"] == REFERENCE]
+  for decay, iv in p1_differences(rows).items():
+    if iv is not None and iv["ci95"][0] > 0:
+      why[decay] = (f"not eligible: P = 1 validation loss worse than 0.999's, difference "
+                    f"{iv['mean']:+.4f} (CI {iv['ci95'][0]:+.4f} to {iv['ci95'][1]:+.4f})")
       continue
-    ref, mine, _ = _paired(rows, row["decay"], "val_p1")
-    diffs = [b - a if a is not None and b is not None else None for a, b in zip(ref, mine)]
-    iv = metrics.interval(diffs)
-    if iv is None or iv["ci95"] is None:
-      why[row["decay"]] = "not eligible: no interval of its P = 1 validation loss against 0.999's"
-    elif iv["ci95"][0] > 0:
-      why[row["decay"]] = (f"not eligible: P = 1 validation loss worse than 0.999's, difference "
-                           f"{iv['mean']:+.4f} (CI {iv['ci95'][0]:+.4f} to {iv['ci95'][1]:+.4f})")
-    else:
-      eligible.append(row)
-      why[row["decay"]] = (f"eligible: P = 1 validation loss minus 0.999's {iv['mean']:+.4f} "
-                           f"(CI {iv['ci95'][0]:+.4f} to {iv['ci95'][1]:+.4f})")
+    if iv is None:
+      why[decay] = f"not eligible: {_difference(iv)}"
+      continue
+    eligible.append(next(r for r in rows if r["decay"] == decay))
+    why[decay] = f"eligible: {_difference(iv)}"
   best = min((r for r in eligible if r["slowdown"] is not None), key=lambda r: r["slowdown"]["mean"],
              default=None)
   return (best["decay"] if best else None), why
 
 
-def study(runs, window: int) -> tuple[list, list, float | None, dict]:
-  """``(rows, claims under the protocol, chosen decay, eligibility)``."""
+def study(runs, window: int, fixed: float | None = None) -> tuple[list, list, float | None, dict]:
+  """``(rows, claims under the protocol, chosen decay, eligibility)``; with ``fixed`` (a long
+  horizon's report, testing the decay the protocol carried from T = 2,400) nothing is chosen and each
+  decay's entry is its P = 1 comparison with 0.999."""
   rows = decay_rows(runs, window)
+  if fixed is not None and fixed not in {r["decay"] for r in rows}:
+    raise ValueError(f"--fixed {fixed:g}: no rotation runs at that decay (decays: "
+                     f"{sorted(r['decay'] for r in rows)})")
   other = {"reported": window, "half": max(1, window // 2), "double": 2 * window}
   decided = claims.protocol(lambda label: lag_claims(rows if label == "reported"
                                                      else decay_rows(runs, other[label])))
-  decay, why = chosen_decay(rows)
-  return rows, decided, decay, why
+  if fixed is None:
+    decay, why = chosen_decay(rows)
+    return rows, decided, decay, why
+  why = {d: _difference(iv) for d, iv in p1_differences(rows).items()} | {REFERENCE: "the reference"}
+  return rows, decided, None, why
 
 
 def _values(values, spec="{:.4f}") -> str:
@@ -137,7 +158,8 @@ def _values(values, spec="{:.4f}") -> str:
   return claims.describe(values, iv, spec)
 
 
-def write(rows, decided, decay, why, data, out: pathlib.Path, command: str) -> dict:
+def write(rows, decided, decay, why, data, out: pathlib.Path, command: str,
+          fixed: float | None = None) -> dict:
   out.mkdir(parents=True, exist_ok=True)
   hosts = curves.hosts_of(data["runs"])
   window = data["meta"]["window"]
@@ -151,15 +173,18 @@ def write(rows, decided, decay, why, data, out: pathlib.Path, command: str) -> d
            "median over loss levels of the iteration ratio; geometric mean [min, max] and the t "
            "interval of the mean log), the final validation loss at P = 1 and at the largest P (mean "
            "[min, max] and 95% interval).", "",
-           "| decay | memory (steps) | seeds | slowdown | final val P = 1 | final val at P | carried to the "
-           "long horizons? |", "|---|---|---|---|---|---|---|"]
+           "| decay | memory (steps) | seeds | slowdown | final val P = 1 | final val at P | "
+           + ("carried to the long horizons? |" if fixed is None else "P = 1 against 0.999 |"),
+           "|---|---|---|---|---|---|---|"]
   for r in rows:
     lines.append(f"| {r['decay']:g} | {1 / (1 - r['decay']):.0f} | {len(r['seeds'])} | "
                  f"{claims.describe(r['per_seed'], r['slowdown'])} | {_values(r['val_p1'])} | "
                  f"{_values(r['val_top'])} | {'**chosen**; ' if r['decay'] == decay else ''}"
                  f"{why.get(r['decay'], '')} |")
   lines += ["", "The rule (docs/protocol.md): the lowest seed-mean slowdown among the decays whose P = 1 "
-            "final validation loss is not worse than 0.999's beyond the seeds' 95% interval.", ""]
+            "final validation loss is not worse than 0.999's beyond the seeds' 95% interval."
+            if fixed is None else f"The decay {fixed:g} was fixed in advance (docs/protocol.md: the rule "
+            "chose it at T = 2,400 and carried it to the long horizons); this report tests it.", ""]
   lines += claims.section(decided, heading="Claims, checked")
   lines += ["![slowdown per decay](lag.png)", ""]
   (out / "report.md").write_text("\n".join(lines))
@@ -169,6 +194,7 @@ def write(rows, decided, decay, why, data, out: pathlib.Path, command: str) -> d
                out / "lag.png", f"rotation's slowdown from P = 1 to P = {rows[0]['P']} per statistics memory",
                "memory 1 / (1 - decay), steps", "slowdown")
   summary = {"command": command, "sweeps": data["meta"]["sweeps"], "hosts": hosts, "chosen": decay,
+             **({} if fixed is None else {"fixed": fixed}),
              "decays": [{"decay": r["decay"], "P": r["P"], "seeds": r["seeds"], "per_seed": r["per_seed"],
                          "slowdown": r["slowdown"], "val_p1": r["val_p1"], "val_top": r["val_top"],
                          "eligibility": why.get(r["decay"])} for r in rows],
@@ -183,20 +209,24 @@ def main(argv=None):
   parser.add_argument("sources", nargs="+", help=f"folders holding {curves.FILE}")
   parser.add_argument("--refer", nargs="+", default=[], help=f"folders holding {curves.FILE} whose "
                       "runs are read but not copied into --out (published elsewhere)")
+  parser.add_argument("--fixed", type=float, help="the decay fixed in advance (a long horizon's report: "
+                      "the protocol's rule chose it at T = 2,400); nothing is chosen")
   parser.add_argument("--out", required=True, help="where to write report.md, lag.png, summary.json "
                       f"and the merged {curves.FILE}")
   args = parser.parse_args(argv)
   data, runs = rotation_runs(args.sources + args.refer)
-  rows, decided, decay, why = study(runs, data["meta"]["window"])
+  rows, decided, decay, why = study(runs, data["meta"]["window"], args.fixed)
   if not rows:
     raise ValueError(f"no decay in {args.sources} has rotation at P = 1 and at P > 1 on a shared seed")
   out = pathlib.Path(args.out)
   refer = " --refer " + " ".join(args.refer) if args.refer else ""
-  command = f"python -m experiments.studies.lag {args.out}{refer} --out {args.out}"  # rebuilds from --out
-  summary = write(rows, decided, decay, why, data, out, command)
+  fixed = f" --fixed {args.fixed:g}" if args.fixed is not None else ""
+  command = f"python -m experiments.studies.lag {args.out}{refer}{fixed} --out {args.out}"  # rebuilds it
+  summary = write(rows, decided, decay, why, data, out, command, args.fixed)
   elsewhere = {r["name"] for source in args.refer for r in curves.read(source)["runs"]}
   curves.write(out / curves.FILE, data["meta"], [r for r in runs if r["name"] not in elsewhere])
-  print(f"wrote {out / 'report.md'}: chosen decay {decay}; " + "; ".join(
+  chosen = f"chosen decay {decay}; " if args.fixed is None else ""
+  print(f"wrote {out / 'report.md'}: {chosen}" + "; ".join(
       f"{c['verdict']}: {c['claim']}" for c in summary["claims"]))
   return summary
 
