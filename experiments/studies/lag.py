@@ -188,10 +188,12 @@ def write(rows, decided, decay, why, data, out: pathlib.Path, command: str,
   lines += claims.section(decided, heading="Claims, checked")
   lines += ["![slowdown per decay](lag.png)", ""]
   (out / "report.md").write_text("\n".join(lines))
+  horizons = ", ".join(f"{t:,}" for t in sorted({r["config"]["steps"] for r in data["runs"]}))
   plots.series({f"seed {s}": [(1 / (1 - r["decay"]), r["per_seed"][r["seeds"].index(s)])
                               for r in rows if s in r["seeds"]]
                 for s in sorted({s for r in rows for s in r["seeds"]})},
-               out / "lag.png", f"rotation's slowdown from P = 1 to P = {rows[0]['P']} per statistics memory",
+               out / "lag.png",
+               f"rotation's slowdown from P = 1 to P = {rows[0]['P']} per statistics memory, T = {horizons}",
                "memory 1 / (1 - decay), steps", "slowdown")
   summary = {"command": command, "sweeps": data["meta"]["sweeps"], "hosts": hosts, "chosen": decay,
              **({} if fixed is None else {"fixed": fixed}),
