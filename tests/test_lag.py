@@ -90,5 +90,7 @@ def test_a_long_horizons_report_tests_the_fixed_decay_and_chooses_nothing(tmp_pa
   assert [c["verdict"] for c in summary["claims"]] == ["reproduced"]  # 6 / 2, the same claim as ever
   report = (out / "report.md").read_text()
   assert "**chosen**" not in report and "fixed in advance" in report and "P = 1 against 0.999 |" in report
+  alone = lag.main([str(sources[1]), "--fixed", "0.95", "--out", str(tmp_path / "o1")])  # no 0.999 runs
+  assert alone["claims"] == [] and alone["decays"][0]["eligibility"] is None
   with pytest.raises(ValueError, match="--fixed 0.9: no rotation runs"):
     lag.main([str(s) for s in sources] + ["--fixed", "0.9", "--out", str(tmp_path / "o2")])

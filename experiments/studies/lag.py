@@ -98,9 +98,10 @@ def lag_claims(rows) -> list:
 
 def p1_differences(rows) -> dict:
   """Per decay other than the reference: the interval of its P = 1 final validation loss minus
-  0.999's over the seeds they share (``metrics.interval``), ``None`` where there is none."""
+  0.999's over the seeds they share (``metrics.interval``), ``None`` where there is none; nothing
+  without the reference."""
   out = {}
-  for row in rows:
+  for row in rows if any(r["decay"] == REFERENCE for r in rows) else []:
     if row["decay"] != REFERENCE:
       ref, mine, _ = _paired(rows, row["decay"], "val_p1")
       iv = metrics.interval([b - a if a is not None and b is not None else None for a, b in zip(ref, mine)])
@@ -108,30 +109,32 @@ def p1_differences(rows) -> dict:
   return out
 
 
+def _ci(iv) -> str:
+  return f"{iv['mean']:+.4f} (CI {iv['ci95'][0]:+.4f} to {iv['ci95'][1]:+.4f})"
+
+
 def _difference(iv) -> str:
   if iv is None:
     return "no interval of its P = 1 validation loss against 0.999's"
-  return (f"P = 1 validation loss minus 0.999's {iv['mean']:+.4f} "
-          f"(CI {iv['ci95'][0]:+.4f} to {iv['ci95'][1]:+.4f})")
+  return f"P = 1 validation loss minus 0.999's {_ci(iv)}"
 
 
 def chosen_decay(rows) -> tuple[float | None, dict]:
   """The protocol's rule (module docstring): ``(decay, {decay: why eligible or not})``."""
   if not any(r["decay"] == REFERENCE for r in rows):
     return None, {}
-  why, eligible = {REFERENCE: "the reference"}, [r for r in rows if r["decay"] == REFERENCE]
+  why, excluded = {REFERENCE: "the reference"}, set()
   for decay, iv in p1_differences(rows).items():
-    if iv is not None and iv["ci95"][0] > 0:
-      why[decay] = (f"not eligible: P = 1 validation loss worse than 0.999's, difference "
-                    f"{iv['mean']:+.4f} (CI {iv['ci95'][0]:+.4f} to {iv['ci95'][1]:+.4f})")
-      continue
     if iv is None:
       why[decay] = f"not eligible: {_difference(iv)}"
+    elif iv["ci95"][0] > 0:
+      why[decay] = f"not eligible: P = 1 validation loss worse than 0.999's, difference {_ci(iv)}"
+    else:
+      why[decay] = f"eligible: {_difference(iv)}"
       continue
-    eligible.append(next(r for r in rows if r["decay"] == decay))
-    why[decay] = f"eligible: {_difference(iv)}"
-  best = min((r for r in eligible if r["slowdown"] is not None), key=lambda r: r["slowdown"]["mean"],
-             default=None)
+    excluded.add(decay)
+  eligible = [r for r in rows if r["decay"] not in excluded and r["slowdown"] is not None]
+  best = min(eligible, key=lambda r: r["slowdown"]["mean"], default=None)
   return (best["decay"] if best else None), why
 
 
