@@ -112,3 +112,21 @@ def test_runs_of_the_long_horizon_merge_into_a_published_study_of_both(tmp_path)
   curves.write(odd / curves.FILE, {**data["meta"], "window": 99}, data["runs"])
   with pytest.raises(ValueError, match="window 99"):
     memory.main([str(out), str(odd), "--out", str(tmp_path / "o2")])
+
+
+def test_each_P_is_judged_on_its_own_seeds_so_the_claims_need_no_P_4_run(tmp_path):
+  # The T = 9,600 queue trains the claims' runs (P = 1 and the largest P) before P = 4's.
+  runs = [_run(m, 1, s, 600) for m in STRETCH for s in range(4)]
+  runs += [_run(m, 8, s, 600) for m in STRETCH for s in range(4)]
+  runs += [_run(m, 4, s, 600) for m in STRETCH for s in (0, 1)] + [_run("muon", 4, 2, 600)]
+  (tmp_path / "s").mkdir()
+  curves.write(tmp_path / "s" / curves.FILE, {"window": 30, "command": "c"}, runs)
+  summary = memory.main([str(tmp_path / "s"), "--out", str(tmp_path / "o")])
+  g = summary["groups"][0]
+  assert g["seeds_by_P"] == {"1": [0, 1, 2, 3], "4": [0, 1], "8": [0, 1, 2, 3]} and g["seeds"] == [0, 1, 2, 3]
+  assert len(g["least"]) == len(g["lowest"]) == 4 and len(g["slowdown"]["muon"]["4"]) == 2
+  assert g["final_val"]["muon"]["8"] == pytest.approx([2.28 + 0.01 * s for s in range(4)])
+  assert np.allclose(g["slowdown"]["muon"]["4"], [1.75 * (1 + 0.03 * (s - 1.5)) for s in (0, 1)], rtol=0.06)
+  assert [c["verdict"] for c in summary["claims"]] == ["reproduced", "reproduced"]
+  report = (tmp_path / "o" / "report.md").read_text()
+  assert "(seeds P = 1: [0, 1, 2, 3], P = 4: [0, 1], P = 8: [0, 1, 2, 3]; the claims on P = 8's)" in report

@@ -7,11 +7,11 @@ its delay, ``rotation.stage_aware_decay``), Nesterov and Muon, at P = 1, 4 and 1
 2BW, at T = 2,400 and 9,600 steps. Each SOURCE holds ``curves.json.xz`` (a sweep's
 ``--finished-only --publish`` folder, or this study's ``--out``).
 
-Per schedule and T, on the seeds that hold every method's runs: each method's headline slowdown
-from P = 1 (``metrics.study_table``, the median iteration ratio over its own loss levels) at every
-P > 1, and its final validation loss at P = 1 and at every P. The claims, at the largest P of each
-schedule and T (one family under ``claims.protocol``: log scale for the ratio, Holm over the whole
-report, the window rule):
+Per schedule and T, each P on the seeds that hold every method's runs at P = 1 and at that P (the
+claims need no P = 4 run): each method's headline slowdown from P = 1 (``metrics.study_table``, the
+median iteration ratio over its own loss levels) at every P > 1, and its final validation loss at
+every P. The claims, at the largest P of each schedule and T (one family under ``claims.protocol``:
+log scale for the ratio, Holm over the whole report, the window rule):
 
 - "staleness-aware rotation slows down least of every method, Muon included": per seed, the smallest
   other method's slowdown over ``rotation-stage-decay``'s (> 1);
@@ -64,21 +64,25 @@ def _finals(group) -> dict:
 
 
 def rows_of(group, window: int) -> dict:
-  """One schedule and T: its seeds (those holding every method's runs), per method the per-seed
-  headline slowdown at each P > 1 and final validation loss at each P, and the claims' per-seed
-  values at the largest P (``least``, ``lowest``: the subject's; ``fast_least``, ``fast_lowest``:
-  ``rotation-fast``'s)."""
+  """One schedule and T: per method the per-seed headline slowdown at each P > 1 and final
+  validation loss at each P, each P on its own seeds (those holding every method's runs at P = 1
+  and at that P: a slowdown needs nothing else), and the claims' per-seed values at the largest P
+  (``least``, ``lowest``: the subject's; ``fast_least``, ``fast_lowest``: ``rotation-fast``'s) on
+  that P's seeds (``seeds``)."""
   by = curves_by(group)
-  tables = seed_tables(by, window)
-  seeds = sorted(set.intersection(*(set(v) for v in by.values()))) if by else []
   stages = sorted({p for _, p in by})
   top = stages[-1] if stages else 1
-  finals = _finals(group)
   methods = [m for m in METHODS if any(k[0] == m for k in by)]
+  shared = lambda keys: sorted(set.intersection(*(set(by.get(k, {})) for k in keys))) if keys else []
+  seeds_at = {p: shared([(m, q) for m in methods for q in {1, p}]) for p in stages}
+  tables = {p: seed_tables({k: {s: v[s] for s in seeds_at[p]} for k, v in by.items() if k[1] in (1, p)},
+                           window) for p in stages if p > 1}
+  finals = _finals(group)
   at = lambda t, m, p: next((x for x in t if x["method"] == m and x["stages"] == p), None)
-  slow = {m: {str(p): [(at(t, m, p) or {}).get("slowdown_levels") for t in tables] for p in stages if p > 1}
-          for m in methods}
-  final = {m: {str(p): [finals.get((m, p), {}).get(s) for s in seeds] for p in stages} for m in methods}
+  slow = {m: {str(p): [(at(t, m, p) or {}).get("slowdown_levels") for t in tables[p]]
+              for p in stages if p > 1} for m in methods}
+  final = {m: {str(p): [finals.get((m, p), {}).get(s) for s in seeds_at[p]] for p in stages} for m in methods}
+  seeds = seeds_at.get(top, [])
 
   def lowest(subject, s):
     own = finals.get((subject, top), {}).get(s)
@@ -94,12 +98,13 @@ def rows_of(group, window: int) -> dict:
     if subject not in methods or top == 1:
       return [], []
     others = [m for m in methods if m != subject]
-    return ([claims.least_ratio(t, "slowdown_levels", subject, others, top) for t in tables],
+    return ([claims.least_ratio(t, "slowdown_levels", subject, others, top) for t in tables[top]],
             [lowest(subject, s) for s in seeds])
 
   (least, low), (fast_least, fast_low) = beats(SUBJECT), beats(FAST)
-  return {"P": top, "seeds": seeds, "methods": methods, "slowdown": slow, "final_val": final,
-          "least": least, "lowest": low, "fast_least": fast_least, "fast_lowest": fast_low}
+  return {"P": top, "seeds": seeds, "seeds_by_P": {str(p): v for p, v in seeds_at.items()},
+          "methods": methods, "slowdown": slow, "final_val": final, "least": least, "lowest": low,
+          "fast_least": fast_least, "fast_lowest": fast_low}
 
 
 CLAIMS = {SUBJECT: ("staleness-aware rotation slows down least of every method, Muon included",
@@ -173,6 +178,14 @@ def _fast_section(rows: dict, fast: list) -> list:
   return lines + claims.section(fast, heading="The uniform short memory's claims (amendment 6), checked")
 
 
+def _seeds_text(r: dict) -> str:
+  """The seeds of one schedule and T: one list if every P has the same, else each P's."""
+  by_p = r["seeds_by_P"]
+  if len({tuple(v) for v in by_p.values()}) <= 1:
+    return f"seeds {r['seeds']}"
+  return "seeds " + ", ".join(f"P = {p}: {v}" for p, v in by_p.items()) + f"; the claims on P = {r['P']}'s"
+
+
 def write(rows: dict, decided: list, fast: list, meta: dict, runs: list, out: pathlib.Path,
           command: str) -> dict:
   out.mkdir(parents=True, exist_ok=True)
@@ -184,7 +197,7 @@ def write(rows: dict, decided: list, fast: list, meta: dict, runs: list, out: pa
            "(`rotation.stage_aware_decay`); `rotation-fast`: decay 0.95 at every stage", ""]
   for (schedule, steps), r in rows.items():
     stages = sorted(int(p) for p in r["final_val"][r["methods"][0]]) if r["methods"] else []
-    lines += [f"## {schedule.upper()}, T = {steps} (seeds {r['seeds']})", "",
+    lines += [f"## {schedule.upper()}, T = {steps} ({_seeds_text(r)})", "",
               "| method | " + " | ".join(f"slowdown P = {p}" for p in stages if p > 1) + " | "
               + " | ".join(f"final val P = {p}" for p in stages) + " |",
               "|---|" + "---|" * (2 * len(stages) - 1)]
