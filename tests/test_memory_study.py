@@ -130,3 +130,8 @@ def test_each_P_is_judged_on_its_own_seeds_so_the_claims_need_no_P_4_run(tmp_pat
   assert [c["verdict"] for c in summary["claims"]] == ["reproduced", "reproduced"]
   report = (tmp_path / "o" / "report.md").read_text()
   assert "(seeds P = 1: [0, 1, 2, 3], P = 4: [0, 1], P = 8: [0, 1, 2, 3]; the claims on P = 8's)" in report
+  runs = [r for r in runs if r["config"]["stages"] != 4 or r["config"]["method"] != "nesterov"]
+  curves.write(tmp_path / "s" / curves.FILE, {"window": 30, "command": "c"}, runs)  # a P with no seed
+  memory.main([str(tmp_path / "s"), "--out", str(tmp_path / "o")])
+  row = next(x for x in (tmp_path / "o" / "report.md").read_text().splitlines() if x.startswith("| muon |"))
+  assert row.split(" | ")[1] == "no seed yet" and row.split(" | ")[4] == "no seed yet" and "never" not in row

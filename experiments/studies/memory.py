@@ -201,9 +201,11 @@ def write(rows: dict, decided: list, fast: list, meta: dict, runs: list, out: pa
               "| method | " + " | ".join(f"slowdown P = {p}" for p in stages if p > 1) + " | "
               + " | ".join(f"final val P = {p}" for p in stages) + " |",
               "|---|" + "---|" * (2 * len(stages) - 1)]
+    ran = lambda p, text: text if r["seeds_by_P"][str(p)] else "no seed yet"  # not "never": nothing ran
     for m in r["methods"]:
-      lines.append(f"| {m} | " + " | ".join(spread(r["slowdown"][m][str(p)]) for p in stages if p > 1)
-                   + " | " + " | ".join(spread(r["final_val"][m][str(p)], "{:.4f}") for p in stages) + " |")
+      lines.append(f"| {m} | " + " | ".join(ran(p, spread(r["slowdown"][m][str(p)])) for p in stages if p > 1)
+                   + " | " + " | ".join(ran(p, spread(r["final_val"][m][str(p)], "{:.4f}")) for p in stages)
+                   + " |")
     lines.append("")
   lines += claims.section(decided, heading="Claims, checked") + _fast_section(rows, fast)
   (out / "report.md").write_text("\n".join(lines))
