@@ -101,7 +101,9 @@ def p1_differences(rows) -> dict:
   0.999's over the seeds they share (``metrics.interval``), ``None`` where there is none; nothing
   without the reference."""
   out = {}
-  for row in rows if any(r["decay"] == REFERENCE for r in rows) else []:
+  if not any(r["decay"] == REFERENCE for r in rows):
+    return out
+  for row in rows:
     if row["decay"] != REFERENCE:
       ref, mine, _ = _paired(rows, row["decay"], "val_p1")
       iv = metrics.interval([b - a if a is not None and b is not None else None for a, b in zip(ref, mine)])

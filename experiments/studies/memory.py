@@ -75,6 +75,8 @@ def rows_of(group, window: int) -> dict:
   methods = [m for m in METHODS if any(k[0] == m for k in by)]
   shared = lambda keys: sorted(set.intersection(*(set(by.get(k, {})) for k in keys))) if keys else []
   seeds_at = {p: shared([(m, q) for m in methods for q in {1, p}]) for p in stages}
+  # restricted to seeds_at[p] first: seed_tables intersects only the keys present, so a method with
+  # no run at P would otherwise not hold back the others' seeds
   tables = {p: seed_tables({k: {s: v[s] for s in seeds_at[p]} for k, v in by.items() if k[1] in (1, p)},
                            window) for p in stages if p > 1}
   finals = _finals(group)
