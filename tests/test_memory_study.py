@@ -135,3 +135,15 @@ def test_each_P_is_judged_on_its_own_seeds_so_the_claims_need_no_P_4_run(tmp_pat
   memory.main([str(tmp_path / "s"), "--out", str(tmp_path / "o")])
   row = next(x for x in (tmp_path / "o" / "report.md").read_text().splitlines() if x.startswith("| muon |"))
   assert row.split(" | ")[1] == "no seed yet" and row.split(" | ")[4] == "no seed yet" and "never" not in row
+
+
+def test_without_its_own_p1_runs_the_subject_takes_rotations_and_the_study_is_unchanged(tmp_path):
+  full = _sweep(tmp_path / "full", 600, schedules=("1f1b",))
+  data = curves.read(full)
+  (tmp_path / "lean").mkdir()
+  own_p1 = lambda r: (r["config"]["method"], r["config"]["stages"]) == (memory.SUBJECT, 1)
+  curves.write(tmp_path / "lean" / curves.FILE, data["meta"], [r for r in data["runs"] if not own_p1(r)])
+  want = memory.main([str(full), "--out", str(tmp_path / "o1")])
+  got = memory.main([str(tmp_path / "lean"), "--out", str(tmp_path / "o2")])
+  assert got["groups"] == want["groups"] and got["claims"] == want["claims"]
+  assert got["groups"][0]["final_val"][memory.SUBJECT]["1"] == pytest.approx([1.9] * 4)

@@ -178,8 +178,9 @@ def test_a_remedys_p1_reference_is_its_optimizers_run_in_the_plan_and_the_report
   from experiments.report import tables
   from experiments.sweep import executor as sweep
 
-  assert [methods.reference(m) for m in ("rotation+dc", "muon+predict", "pipedream-lr")] == [
-      "rotation", "muon", "pipedream-lr"]
+  names = ("rotation+dc", "muon+predict", "pipedream-lr", "rotation-stage-decay", "rotation-fast")
+  assert [methods.reference(m) for m in names] == [
+      "rotation", "muon", "pipedream-lr", "rotation", "rotation-fast"]
   plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--methods", "pipedream", "pipedream+dc",
                                            "rotation+predict", "--stages", "4", "--seeds", "0"]))
   assert sorted((c.method, c.stages) for c in plan.main) == [  # pipedream's P = 1 run planned once
@@ -189,3 +190,28 @@ def test_a_remedys_p1_reference_is_its_optimizers_run_in_the_plan_and_the_report
   groups = tables.curves_by([run("muon", 1, 1.0), run("muon+dc", 4, 2.0), run("rotation+dc", 4, 3.0)])
   np.testing.assert_array_equal(groups[("muon+dc", 1)][0], [1.0, 1.0])
   assert ("rotation+dc", 1) not in groups  # no optimizer's run to stand in: left missing, not invented
+
+
+def test_rotation_stage_decays_p1_run_is_rotations_in_the_plan_and_in_its_updates():
+  from experiments.sweep import executor as sweep
+
+  args = ["--preset", "smoke", "--methods", "rotation", "rotation-stage-decay", "--stages", "4",
+          "--seeds", "0"]
+  plan = sweep.make_plan(sweep.parse_args(args))
+  assert sorted((c.method, c.stages) for c in plan.main) == [
+      ("rotation", 1), ("rotation", 4), ("rotation-stage-decay", 4)]
+  # at its own rate it trains its own P = 1 run: rotation's would not stand for it
+  plan = sweep.make_plan(sweep.parse_args(args + ["--lr", "rotation-stage-decay=1e-3"]))
+  assert ("rotation-stage-decay", 1) in {(c.method, c.stages) for c in plan.main}
+  # the two optimizers at P = 1 take the same steps, bit for bit
+  w = {"k": jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)}
+  updates = {}
+  for m in ("rotation", "rotation-stage-decay"):
+    opt = methods.stage_optimizers(RunConfig(method=m, stages=1, steps=100, lr=1e-2, warmup_steps=0))[0]
+    state, got = opt.init(w), []
+    for i in range(12):  # past the first refreshes
+      g = {"k": jnp.sin(w["k"] * (i + 1))}
+      u, state = opt.update(g, state, w)
+      got.append(np.asarray(u["k"]))
+    updates[m] = got
+  np.testing.assert_array_equal(updates["rotation"], updates["rotation-stage-decay"])

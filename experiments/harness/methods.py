@@ -102,10 +102,18 @@ BASES = ("rotation-random", "rotation-frozen", "rotation")  # random, frozen, re
 
 
 def reference(name: str) -> str:
-  """The method whose P = 1 run stands for ``name``'s: a staleness remedy (``<optimizer>+predict``,
-  ``<optimizer>+dc``) has no delay to act on at P = 1, so its reference is its optimizer's run
-  (mathematically the same run; compiled as another program, it agrees to round-off only)."""
-  return name.partition("+")[0] if check_method(name).remedy else name
+  """The method whose P = 1 run stands for ``name``'s: a method whose only change acts on the delay
+  has nothing to act on at P = 1. A staleness remedy's (``<optimizer>+predict``, ``<optimizer>+dc``)
+  is its optimizer's run (mathematically the same run; compiled as another program, it agrees to
+  round-off only); a staleness-aware memory's (``memory="stage"``: an undelayed stage keeps the base
+  decay) is the same method with the uniform memory, ``rotation-stage-decay``'s ``rotation``'s."""
+  method = check_method(name)
+  if method.remedy:
+    return name.partition("+")[0]
+  if method.memory == "stage":
+    uniform = dataclasses.replace(method, memory="uniform")
+    return next((n for n, m in METHODS.items() if m == uniform), name)
+  return name
 
 
 def check_method(name: str) -> Method:

@@ -33,10 +33,17 @@ def curves_by(results, key=lambda config: config["method"]) -> dict:
   for r in results:
     c = r["config"]
     groups[(key(c), c["stages"])][c["seed"]] = curve_of(r)
-  for name, p in list(groups):  # a remedy's P = 1 is its optimizer's run (``methods.reference``)
+  return with_references(dict(groups))
+
+
+def with_references(groups: dict) -> dict:
+  """``groups`` (``{(method, P): values}``) with a delayed method's missing P = 1 entry taken from
+  its reference's (``methods.reference``: a remedy's optimizer, a staleness-aware memory's uniform
+  one); one that has no reference run stays missing."""
+  for name, p in list(groups):
     if p > 1 and name in METHODS and (name, 1) not in groups and (reference(name), 1) in groups:
       groups[(name, 1)] = groups[(reference(name), 1)]
-  return dict(groups)
+  return groups
 
 
 def mean_curves(curves: dict) -> dict:

@@ -4,7 +4,8 @@ The study of docs/protocol.md's amendment 2: rotation with the paper's statistic
 (``rotation``), the best uniform decay of the estimation-lag study (``rotation-fast``, 0.95), the
 staleness-aware decay fixed in advance (``rotation-stage-decay``: each stage's memory shortened by
 its delay, ``rotation.stage_aware_decay``), Nesterov and Muon, at P = 1, 4 and 16, under 1F1B and
-2BW, at T = 2,400 and 9,600 steps. Each SOURCE holds ``curves.json.xz`` (a sweep's
+2BW, at T = 2,400 and 9,600 steps (``rotation-stage-decay``'s P = 1 run is ``rotation``'s: an
+undelayed stage keeps the base decay, ``methods.reference``). Each SOURCE holds ``curves.json.xz`` (a sweep's
 ``--finished-only --publish`` folder, or this study's ``--out``).
 
 Per schedule and T, each P on the seeds that hold every method's runs at P = 1 and at that P (the
@@ -33,7 +34,7 @@ import pathlib
 
 from experiments import cli
 from experiments.report import claims, curves, metrics
-from experiments.report.tables import curves_by, mean_range, seed_tables, spread
+from experiments.report.tables import curves_by, mean_range, seed_tables, spread, with_references
 from experiments.studies import write_summary
 
 BLOCKS = 240  # training-loss block means stored per run (the slowdowns are computed from them)
@@ -55,12 +56,12 @@ def groups(runs) -> dict:
 
 
 def _finals(group) -> dict:
-  """``{(method, P): {seed: final validation loss or None}}``."""
+  """``{(method, P): {seed: final validation loss or None}}`` (a missing P = 1 entry: its reference's)."""
   out = {}
   for r in group:
     c = r["config"]
     out.setdefault((c["method"], c["stages"]), {})[c["seed"]] = metrics.final_val(r)
-  return out
+  return with_references(out)
 
 
 def rows_of(group, window: int) -> dict:

@@ -51,7 +51,8 @@ def parse_args(argv=None):
   parser.add_argument("--methods", nargs="+", help=f"methods to run at every P (default: the preset's); "
                       f"known: {sorted(methods_lib.METHODS)}")
   parser.add_argument("--stages", nargs="+", type=int, help="pipeline depths P (default: the preset's); "
-                      "P = 1 is always added as the synchronous reference (a remedy's: its optimizer's)")
+                      "P = 1 is always added as the synchronous reference (a remedy's: its optimizer's; "
+                      "rotation-stage-decay's: rotation's)")
   parser.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the preset's; tables: "
                       "mean and range over seeds)")
   parser.add_argument("--steps", type=int, help="steps per run (a multiple of the preset's chunk)")
@@ -307,7 +308,11 @@ def make_plan(args) -> Plan:
       return c
     return config
 
-  main = tuple(dict.fromkeys(make(s)(methods_lib.reference(m) if p == 1 else m, p)
+  def at_p1(m):  # the reference's P = 1 run stands for m's where it trains at m's rate
+    ref = methods_lib.reference(m)
+    return ref if preset.learning_rate(ref) == preset.learning_rate(m) else m
+
+  main = tuple(dict.fromkeys(make(s)(at_p1(m) if p == 1 else m, p)
                              for s in seeds for m in method_names for p in stages))
   tuned = tuple((report.TUNED, make(s)(m, p, lr=lr)) for s in seeds for m, lr in preset.tuned_rates
                 if m in method_names and lr != preset.learning_rate(m) for p in stages)
