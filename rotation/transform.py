@@ -547,7 +547,7 @@ def scale_by_basis_rotation(
     (the leaf's layout), the new pieces and the re-expressed moments (compute dtype).
 
     The pieces of all leaves are one list: those of equal shapes run as one stack when
-    ``together`` (``_batched``), and the leaves sharing a refresh schedule share one
+    ``together`` (``_stack``), and the leaves sharing a refresh schedule share one
     ``lax.switch``, so a model of many small kernels costs a few large ops, not many small ones."""
     args, owners = [], []
     for n, (plan, pieces, g, firsts, seconds, _, _) in enumerate(items):
@@ -559,43 +559,42 @@ def scale_by_basis_rotation(
         args.append((gp[j], up(piece.left), up(piece.right), up(piece.stat_left), up(piece.stat_right),
                      tuple(f[j] for f in fp), tuple(s[j] for s in sp)))
         owners.append(n)
-    stats = _batched(lambda a: jax.vmap(statistics)(a[0], a[3], a[4]), args, together)
-    args = [a[:3] + st + a[5:] for a, st in zip(args, stats)]
+    with_stats = lambda a: a[:3] + tuple(jax.vmap(statistics)(a[0], a[3], a[4])) + a[5:]
     rot_in = jax.vmap(lambda g, ql, qr: _rotate_in(g, ql, qr, precision))
     keep = lambda a: (a[1], a[2], a[5], a[6], rot_in(a[0], a[1], a[2]))
     batched = jax.default_backend() != "cpu" if batch_refresh is None else batch_refresh
     each = jax.vmap if batched else (lambda f: lambda a: jax.lax.map(f, a))
-    outs = [None] * len(args)
+    outs, stats = [None] * len(args), [None] * len(args)
     schedules = {}  # (period, offset) -> pieces; a traced period (inject_hyperparams) by identity
     for k, n in enumerate(owners):
       key = tuple(x if isinstance(x, int) else id(x) for x in items[n][5:])
       schedules.setdefault(key, (items[n][5:], []))[1].append(k)
     for (period, offset), ks in schedules.values():
-      group = [args[k] for k in ks]
+      # stacked once: the statistics, the switch and its results run on a few stacks, not on every
+      # piece (XLA copies each result that a branch passes through unchanged)
+      stacks, split = _stack([args[k] for k in ks], together)
+      stacks = [with_stats(x) for x in stacks]
       if fixed:
-        got = _batched(keep, group, together)
+        got = split([keep(x) for x in stacks])
       else:
         warm_now = (count > 1) & ((count - offset) % period == 0)
         if freeze_after is not None:
           warm_now = warm_now & (count <= freeze_after)
         branch = jnp.where(count == 1, 1, jnp.where(warm_now, 2, 0))
-        # stacked before the switch, split after it: its operands and results are a few stacks, not
-        # every piece (XLA copies each result that a branch passes through unchanged)
-        stacks, split = _stack(group, together)
         got = split(jax.lax.switch(branch, [lambda st: [keep(x) for x in st],
                                             lambda st: [each(cold)(x) for x in st],
                                             lambda st: [each(warm)(x) for x in st]], stacks))
-      for k, o in zip(ks, got):
-        outs[k] = o
+      for k, o, st in zip(ks, got, split([x[3:5] for x in stacks])):
+        outs[k], stats[k] = o, st
     results = []
     for n, (plan, pieces, _, firsts, seconds, _, _) in enumerate(items):
-      a_n, o_n = _owned(args, owners, n), _owned(outs, owners, n)
+      s_n, o_n = _owned(stats, owners, n), _owned(outs, owners, n)
       new_pieces = tuple(
           RotationPiece(stored(ql, piece.left.dtype if ql is not None else None),
                         stored(qr, piece.right.dtype if qr is not None else None),
-                        stored(a[3], piece.stat_left.dtype if a[3] is not None else None),
-                        stored(a[4], piece.stat_right.dtype if a[4] is not None else None))
-          for piece, a, (ql, qr, _, _, _) in zip(pieces, a_n, o_n))
+                        stored(sl, piece.stat_left.dtype if sl is not None else None),
+                        stored(sr, piece.stat_right.dtype if sr is not None else None))
+          for piece, (sl, sr), (ql, qr, _, _, _) in zip(pieces, s_n, o_n))
       join = lambda parts, lay=plan.layout: dims.from_pieces(parts, lay)
       results.append((join([o[4] for o in o_n]), new_pieces,
                       [join([o[2][k] for o in o_n]) for k in range(len(firsts))],
