@@ -1,0 +1,246 @@
+"""``python -m experiments.studies.tuned_rates --grid DIR... --check DIR... --out DIR``: the long
+horizon's learning rates, tuned by the rule of docs/protocol.md amendment 8.
+
+Two mechanical stages, on the tuning seeds 0 and 1 (never the confirmatory seeds 6-11):
+
+1. T = 9,600, seeds 0-1: per method the peak rates ``GRID``, each at P = 1 and 16. A (method, P)'s
+   optimum is the rate with the lowest seed-mean final validation loss (``lr_grid.row``: a rate with
+   a diverged seed has no mean); an optimum on the edge widens that method's grid by a factor of 2
+   past the edge, both seeds, until it is interior.
+2. T = 38,400, seed 0: per method the stage-1 optimum of each P and its two neighbours on the
+   widened grid, each rate at P = 1 and 16. Where the lowest final validation loss at 38,400 among
+   a P's three is its stage-1 optimum, the choice stands; otherwise the 38,400 optimum replaces it,
+   and while that is the lowest or highest rate trained at 38,400 the next rate past it is trained.
+
+Each ``--grid`` / ``--check`` folder holds ``curves.json.xz`` of the stage's runs (sweeps'
+``--finished-only --publish`` folders, or this study's own ``OUT/t9600`` and ``OUT/t38400``, from
+which it rebuilds). Writes ``report.md`` and ``summary.json`` (``chosen``: ``{method: {P: rate}}``
+once every rate is decided) and the merged curves, and prints the sweeps still to run; ``--next``
+prints only those, one command a line (the queue runs them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+from experiments import cli
+from experiments.report import curves
+from experiments.studies import lr_grid
+
+GRID = (1e-3, 2e-3, 3e-3, 6e-3, 1e-2)  # the protocol's grid
+METHODS = ("pipedream", "nesterov", "rotation", "muon")
+STAGES = (1, 16)
+TUNING_SEEDS = (0, 1)
+CHECK_SEED = 0
+GRID_T, CHECK_T = 9600, 38400
+CONFIRMATORY_SEEDS = tuple(range(6, 12))
+SWEEP = "python -m experiments.sweep --preset cpu --warmup-steps 28 --stages 16"
+
+
+def past(rate: float, side: str) -> float:
+  """The next grid rate past ``rate`` on ``side`` ("low" or "high"): a ``GRID`` rate, else a factor of
+  2 beyond."""
+  if side == "low":
+    below = [r for r in GRID if r < rate]
+    return max(below) if below else rate / 2
+  above = [r for r in GRID if r > rate]
+  return min(above) if above else rate * 2
+
+
+def cells(runs, steps: int) -> dict:
+  """``{(method, P): {rate: {seed: final validation loss or None}}}`` of the runs of length ``steps``."""
+  grid, _ = lr_grid.cells([r for r in runs if r["config"]["steps"] == steps and r["group"] == "main"])
+  return grid
+
+
+def _trained(grid: dict, method: str, rate: float, seeds) -> bool:
+  return all(s in grid.get((method, p), {}).get(rate, {}) for p in STAGES for s in seeds)
+
+
+def stage_one(grid: dict, method: str) -> dict:
+  """Stage 1 of one method: ``{"rows": {P: lr_grid.row}, "todo": rates still to train (both seeds,
+  both P), "chosen": {P: rate} or None}``; the planned rates are ``GRID`` and every widening so far."""
+  planned = set(GRID) | {r for p in STAGES for r in grid.get((method, p), {})}
+  todo = sorted(r for r in planned if not _trained(grid, method, r, TUNING_SEEDS))
+  rows = {p: lr_grid.row(method, p, {r: grid.get((method, p), {}).get(r, {}) for r in sorted(planned)},
+                         TUNING_SEEDS) for p in STAGES}
+  if todo:
+    return {"rows": rows, "todo": todo, "chosen": None}
+  widen = sorted({past(rows[p]["best"], rows[p]["edge"]) for p in STAGES
+                  if rows[p]["edge"] in ("low", "high")})
+  if any(rows[p]["best"] is None for p in STAGES):
+    raise ValueError(f"{method}: every rate of the grid diverged at some P; the rule has no optimum")
+  return {"rows": rows, "todo": widen, "chosen": None if widen else {p: rows[p]["best"] for p in STAGES}}
+
+
+def neighbours(rates, best: float) -> list:
+  """``best`` and the rates on either side of it in ``rates`` (sorted)."""
+  rates = sorted(rates)
+  i = rates.index(best)
+  return rates[max(0, i - 1):i + 2]
+
+
+def stage_two(check: dict, method: str, first: dict) -> dict:
+  """Stage 2 of one method, given its stage-1 result: ``{"candidates": {P: [rates]}, "finals": {P:
+  {rate: loss}}, "todo": rates to train at 38,400, "decided": {P: rate} so far, "chosen": the same
+  once both P are decided (else None), "moved": {P: whether the 38,400 reading replaced stage 1's}}``."""
+  candidates = {p: neighbours(first["rows"][p]["rates"], first["chosen"][p]) for p in STAGES}
+  trained = {r for p in STAGES for r in check.get((method, p), {})}
+  planned = {r for c in candidates.values() for r in c} | trained
+  todo = {r for r in planned if not _trained(check, method, r, (CHECK_SEED,))}
+  finals = {p: {r: check.get((method, p), {}).get(r, {}).get(CHECK_SEED) for r in sorted(planned)}
+            for p in STAGES}
+  chosen, moved = {}, {}
+  for p in STAGES:
+    if any(r in todo for r in candidates[p]):
+      continue
+    scored = {r: v for r, v in finals[p].items() if v is not None and r not in todo}
+    if not scored:
+      raise ValueError(f"{method} P = {p}: every candidate rate diverged at T = {CHECK_T}")
+    local = min((r for r in candidates[p] if r in scored), key=scored.get, default=None)
+    if local == first["chosen"][p]:
+      chosen[p], moved[p] = local, False
+      continue
+    best = min(scored, key=scored.get)
+    edge = "low" if best == min(scored) else "high" if best == max(scored) else None
+    if edge:
+      todo.add(past(best, edge))
+    elif not todo:
+      chosen[p], moved[p] = best, True
+  return {"candidates": candidates, "finals": finals, "todo": sorted(todo), "decided": chosen,
+          "chosen": chosen if len(chosen) == len(STAGES) else None, "moved": moved}
+
+
+def study(grid: dict, check: dict) -> dict:
+  """Both stages for every method, the rates chosen (once all are) and the sweeps still to run."""
+  per = {}
+  for m in METHODS:
+    first = stage_one(grid, m)
+    second = stage_two(check, m, first) if first["chosen"] else None
+    per[m] = {"stage1": first, "stage2": second}
+  done = all(v["stage2"] and v["stage2"]["chosen"] for v in per.values())
+  chosen = {m: v["stage2"]["chosen"] for m, v in per.items()} if done else None
+  return {"methods": per, "chosen": chosen}
+
+
+def sweeps(result: dict, results: str) -> list:
+  """The sweep commands still to run, one per (T, rate, seeds): stage 1, then stage 2, then (once
+  every rate is chosen) the confirmatory runs seed by seed."""
+  out = []
+  for steps, stage, seeds in ((GRID_T, "stage1", TUNING_SEEDS), (CHECK_T, "stage2", (CHECK_SEED,))):
+    by_rate = {}
+    for m, v in result["methods"].items():
+      for r in (v[stage] or {"todo": ()})["todo"]:
+        by_rate.setdefault(r, []).append(m)
+    out += [f"{SWEEP} --steps {steps} --lr {r:g} --methods {' '.join(ms)} --seeds "
+            f"{' '.join(map(str, seeds))} --out {results}/t{steps}" for r, ms in sorted(by_rate.items())]
+  if result["chosen"]:
+    out += confirmatory(result["chosen"], results)
+  return out
+
+
+def confirmatory(chosen: dict, results: str) -> list:
+  """Seed by seed: every method at its P = 16 rate (the sweep trains P = 1 beside it), plus a P = 1
+  sweep at the P = 1 rate of each method whose two rates differ."""
+  out = []
+  for s in CONFIRMATORY_SEEDS:
+    rates = " ".join(f"{m}={chosen[m][16]:g}" for m in METHODS)
+    out.append(f"{SWEEP} --steps {CHECK_T} --lr {rates} --methods {' '.join(METHODS)} --seeds {s} "
+               f"--out {results}/confirmatory")
+    apart = [m for m in METHODS if chosen[m][1] != chosen[m][16]]
+    if apart:
+      out.append(f"{SWEEP.replace('--stages 16', '--stages 1')} --steps {CHECK_T} --lr "
+                 + " ".join(f"{m}={chosen[m][1]:g}" for m in apart)
+                 + f" --methods {' '.join(apart)} --seeds {s} --out {results}/confirmatory")
+  return out
+
+
+def _rate_cell(r, loss, best) -> str:
+  if loss is None:
+    return "-"
+  return f"**{loss:.4f}**" if r == best else f"{loss:.4f}"
+
+
+def report(result: dict, commands: list, command: str, hosts: list) -> str:
+  lines = ["# The long horizon's learning rates (protocol amendment 8)", "", f"- made by `{command}`",
+           "- runs from " + ("one CPU: " if len(hosts) <= 1 else "**more than one CPU**: ")
+           + curves.hosts_text(hosts),
+           f"- stage 1: T = {GRID_T}, seeds {list(TUNING_SEEDS)}, the seed-mean final validation loss per "
+           f"rate (bold: the optimum; '-': not trained yet or diverged); stage 2: T = {CHECK_T}, seed "
+           f"{CHECK_SEED}, the final validation loss per rate", ""]
+  rates = sorted({r for v in result["methods"].values() for p in STAGES
+                  for r in v["stage1"]["rows"][p]["rates"]})
+  lines += ["## Stage 1: T = 9,600", "", "| method | P | " + " | ".join(f"{r:g}" for r in rates)
+            + " | optimum |", "|---|---|" + "---|" * (len(rates) + 1)]
+  for m, v in result["methods"].items():
+    for p in STAGES:
+      row = v["stage1"]["rows"][p]
+      mean = dict(zip(row["rates"], row["mean"]))
+      state = ("pending" if v["stage1"]["chosen"] is None else f"{row['best']:g}")
+      lines.append(f"| {m} | {p} | " + " | ".join(_rate_cell(r, mean.get(r), row["best"]) for r in rates)
+                   + f" | {state} |")
+  lines += ["", "## Stage 2: T = 38,400, seed 0", "", "| method | P | candidates | final per rate | "
+            "chosen |", "|---|---|---|---|---|"]
+  for m, v in result["methods"].items():
+    two = v["stage2"]
+    for p in STAGES:
+      if two is None:
+        lines.append(f"| {m} | {p} | after stage 1 | | |")
+        continue
+      finals = ", ".join(f"{r:g}: " + ("-" if x is None else f"{x:.4f}") for r, x in two["finals"][p].items())
+      chosen = ("pending" if p not in two["decided"] else
+                f"{two['decided'][p]:g} ({'moved' if two['moved'][p] else 'stands'})")
+      named = ", ".join(f"{r:g}" for r in two["candidates"][p])
+      lines.append(f"| {m} | {p} | {named} | {finals} | {chosen} |")
+  lines += ["", "## The rates", ""]
+  if result["chosen"]:
+    lines += ["| method | P = 1 | P = 16 |", "|---|---|---|"]
+    lines += [f"| {m} | {c[1]:g} | {c[16]:g} |" for m, c in result["chosen"].items()]
+  else:
+    lines += ["Not all chosen yet."]
+  lines += ["", "## Sweeps still to run", ""] + ([f"- `{c}`" for c in commands] or ["none"]) + [""]
+  return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(prog="python -m experiments.studies.tuned_rates", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--grid", nargs="*", default=[], help=f"folders of stage 1's runs (T = {GRID_T})")
+  parser.add_argument("--check", nargs="*", default=[], help=f"folders of stage 2's runs (T = {CHECK_T})")
+  parser.add_argument("--out", help="where to write report.md, summary.json and the merged curves")
+  parser.add_argument("--results", default="results/long-horizon", help="the sweeps' --out prefix in "
+                      "the printed commands (default results/long-horizon)")
+  parser.add_argument("--next", action="store_true", help="print only the sweeps still to run")
+  args = parser.parse_args(argv)
+  merged = {t: curves.merge(folders, block=lr_grid.BLOCK) if folders else None
+            for t, folders in ((GRID_T, args.grid), (CHECK_T, args.check))}
+  runs = {t: (m["runs"] if m else []) for t, m in merged.items()}
+  result = study(cells(runs[GRID_T], GRID_T), cells(runs[CHECK_T], CHECK_T))
+  commands = sweeps(result, args.results)
+  if args.next:
+    print("\n".join(commands))
+    return result
+  if not args.out:
+    raise ValueError("give --out (or --next)")
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  sources = " ".join(f"--{k} {out}/t{t}" for k, t in (("grid", GRID_T), ("check", CHECK_T)) if merged[t])
+  command = f"python -m experiments.studies.tuned_rates {sources} --out {out}"
+  for t, m in merged.items():
+    if m:
+      (out / f"t{t}").mkdir(exist_ok=True)
+      curves.write(out / f"t{t}" / curves.FILE, m["meta"], m["runs"])
+  hosts = curves.hosts_of(runs[GRID_T] + runs[CHECK_T])
+  (out / "report.md").write_text(report(result, commands, command, hosts))
+  summary = {"command": command, "hosts": hosts, "chosen": result["chosen"], "sweeps_to_run": commands,
+             "methods": result["methods"]}
+  (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+  print(f"wrote {out}/report.md: " + ("rates chosen: " + json.dumps(result["chosen"]) if result["chosen"]
+                                      else f"{len(commands)} sweeps still to run"))
+  return result
+
+
+if __name__ == "__main__":
+  cli.exit_process(cli.run(main))
