@@ -157,9 +157,11 @@ def confirmatory(chosen: dict, results: str) -> list:
   return out
 
 
-def _rate_cell(r, loss, best) -> str:
+def _rate_cell(r, loss, best, seeds=()) -> str:
+  """The seed mean (bold at the optimum), else the seeds trained so far (``s0 2.1234``), else "-"."""
   if loss is None:
-    return "-"
+    some = [f"s{s} {v:.4f}" for s, v in zip(TUNING_SEEDS, seeds) if v is not None]
+    return ", ".join(some) if some else "-"
   return f"**{loss:.4f}**" if r == best else f"{loss:.4f}"
 
 
@@ -168,8 +170,8 @@ def report(result: dict, commands: list, command: str, hosts: list) -> str:
            "- runs from " + ("one CPU: " if len(hosts) <= 1 else "**more than one CPU**: ")
            + curves.hosts_text(hosts),
            f"- stage 1: T = {GRID_T}, seeds {list(TUNING_SEEDS)}, the seed-mean final validation loss per "
-           f"rate (bold: the optimum; '-': not trained yet or diverged); stage 2: T = {CHECK_T}, seed "
-           f"{CHECK_SEED}, the final validation loss per rate", ""]
+           "rate (bold: the optimum; `s0 x`: the seeds trained so far; '-': none yet, or diverged); "
+           f"stage 2: T = {CHECK_T}, seed {CHECK_SEED}, the final validation loss per rate", ""]
   rates = sorted({r for v in result["methods"].values() for p in STAGES
                   for r in v["stage1"]["rows"][p]["rates"]})
   lines += ["## Stage 1: T = 9,600", "", "| method | P | " + " | ".join(f"{r:g}" for r in rates)
@@ -177,10 +179,10 @@ def report(result: dict, commands: list, command: str, hosts: list) -> str:
   for m, v in result["methods"].items():
     for p in STAGES:
       row = v["stage1"]["rows"][p]
-      mean = dict(zip(row["rates"], row["mean"]))
+      mean, per_seed = dict(zip(row["rates"], row["mean"])), dict(zip(row["rates"], row["per_seed"]))
       state = ("pending" if v["stage1"]["chosen"] is None else f"{row['best']:g}")
-      lines.append(f"| {m} | {p} | " + " | ".join(_rate_cell(r, mean.get(r), row["best"]) for r in rates)
-                   + f" | {state} |")
+      lines.append(f"| {m} | {p} | " + " | ".join(_rate_cell(r, mean.get(r), row["best"], per_seed.get(r, ()))
+                                                  for r in rates) + f" | {state} |")
   lines += ["", "## Stage 2: T = 38,400, seed 0", "", "| method | P | candidates | final per rate | "
             "chosen |", "|---|---|---|---|---|"]
   for m, v in result["methods"].items():
