@@ -262,24 +262,51 @@ def main_claims(tables, reading: str = "", muon_tables=None) -> list[Claim]:
   return out
 
 
+def tables_by_seed(curves: dict, window: int, names, enough) -> dict:
+  """``{seed: metrics.study_table}`` of the methods ``names``, for every seed whose methods holding
+  runs at every P (``whole``) satisfy ``enough(whole)``; each table holds those methods only."""
+  stages = {p for _, p in curves}
+  sub = {k: v for k, v in curves.items() if k[0] in names}
+  out = {}
+  for s in sorted(set().union(*(v.keys() for v in sub.values()))) if sub else []:
+    whole = {m for m, _ in sub if all(s in sub.get((m, p), {}) for p in stages)}
+    if enough(whole):
+      out[s] = metrics.study_table({k: v[s] for k, v in sub.items() if k[0] in whole}, BASELINES, window)
+  return out
+
+
+def with_a_baseline(subject: str):
+  """The seed rule of a subject's claims: the subject and at least one baseline."""
+  return lambda whole: subject in whole and bool(whole & set(BASELINES))
+
+
+def seeded_claim_tables(curves: dict, window: int) -> tuple[dict, dict]:
+  """``claim_tables`` keyed by seed: ``({seed: table of rotation and the baselines}, {seed: table of
+  Muon and PipeDream})``."""
+  return (tables_by_seed(curves, window, ("rotation",) + BASELINES, with_a_baseline("rotation")),
+          tables_by_seed(curves, window, ("muon", "pipedream"), lambda m: {"muon", "pipedream"} <= m))
+
+
 def claim_tables(curves: dict, window: int) -> tuple[list, list]:
   """Seeds per claim (docs/protocol.md): ``(tables of rotation and the baselines, tables of Muon and
-  PipeDream)``. A seed counts for a claim when it holds that claim's runs at every P: rotation's
-  claims need rotation and at least one baseline (a seed's baselines are those it holds), the Muon
-  claim Muon and PipeDream; so a seed without Muon's runs still counts for rotation's claims."""
-  stages = {p for _, p in curves}
+  PipeDream)``, in seed order. A seed counts for a claim when it holds that claim's runs at every P:
+  rotation's claims need rotation and at least one baseline (a seed's baselines are those it holds),
+  the Muon claim Muon and PipeDream; so a seed without Muon's runs still counts for rotation's
+  claims."""
+  rotation, muon = seeded_claim_tables(curves, window)
+  return list(rotation.values()), list(muon.values())
 
-  def of(names, enough):
-    sub = {k: v for k, v in curves.items() if k[0] in names}
-    out = []
-    for s in sorted(set().union(*(v.keys() for v in sub.values()))) if sub else []:
-      whole = {m for m, _ in sub if all(s in sub.get((m, p), {}) for p in stages)}
-      if enough(whole):
-        out.append(metrics.study_table({k: v[s] for k, v in sub.items() if k[0] in whole}, BASELINES,
-                                       window))
-    return out
-  return (of(("rotation",) + BASELINES, lambda m: "rotation" in m and bool(m & set(BASELINES))),
-          of(("muon", "pipedream"), lambda m: {"muon", "pipedream"} <= m))
+
+def leave_one_out(seeds, values, threshold: float, side: int = 1, log: bool = False) -> list[dict]:
+  """Per seed left out, the claim on the other seeds as a family of one: ``[{"left_out", "mean",
+  "p", "verdict"}]`` (``mean``: the geometric mean with ``log``; ``None`` without a number)."""
+  out = []
+  for i, seed in enumerate(seeds):
+    rest = [v for j, v in enumerate(values) if j != i]
+    c = check("", "", rest, threshold, side, log=log)
+    out.append({"left_out": seed, "mean": c.interval["mean"] if c.interval else None, "p": c.p,
+                "verdict": c.verdict})
+  return out
 
 
 def _final(row) -> float:

@@ -21,10 +21,16 @@ import pathlib
 import sys
 
 from experiments import cli
+from experiments.harness.methods import BASELINES
 from experiments.report import claims, curves, metrics, plots
 from experiments.report.tables import curves_by, seed_tables
 
 NO_GAIN = "rotation or the best baseline diverged or shares no levels"
+# Seeds trained and looked at before docs/protocol.md fixed the seeds (its "Seeds" and amendment 8).
+SEEN_BEFORE_PROTOCOL = {2400: (0, 1, 2, 3, 4), 9600: (0, 1, 2), 38400: (0, 1, 2)}
+# Horizons whose verdict amendment 8 relabelled exploratory, and why.
+EXPLORATORY = {38400: "exploratory (protocol amendment 8): seeds 0-2 seen before the protocol, the "
+                      "shared rate never tuned at this T, pairs across two CPUs"}
 PAPER_T_PER_DELAY = 8000  # about 50 x the cpu preset's 2,400 / 15 (the paper's 95M runs at P = 32)
 
 
@@ -37,13 +43,38 @@ def by_horizon(runs) -> dict:
   return dict(sorted(out.items()))
 
 
-def _gains(group, window: int) -> tuple[list, list]:
-  """``(per-seed tables of rotation and the baselines, rotation's staleness gain per seed)`` at the
-  largest P of one horizon: every seed that holds those runs counts (Muon's are not needed)."""
-  tables = claims.claim_tables(curves_by(group), window)[0]
-  top = max(r["stages"] for r in tables[0]) if tables else None
-  return tables, [next((r["staleness_gain"] for r in t if r["method"] == "rotation" and r["stages"] == top),
-                       None) for t in tables]
+def _gains(group, window: int, subject: str = "rotation") -> dict:
+  """``{seed: subject's staleness gain over the best baseline}`` at the largest P of one horizon:
+  every seed that holds the subject's and at least one baseline's runs counts (for rotation, Muon's
+  runs are not needed)."""
+  tables = claims.tables_by_seed(curves_by(group), window, (subject,) + BASELINES,
+                                 claims.with_a_baseline(subject))
+  top = max((r["stages"] for t in tables.values() for r in t), default=None)
+  return {s: next((r["staleness_gain"] for r in t if r["method"] == subject and r["stages"] == top), None)
+          for s, t in tables.items()}
+
+
+def _control(group, window: int, rotation: dict) -> dict:
+  """Muon's trend beside rotation's (protocol amendment 8's control, read here without a verdict):
+  Muon's staleness gain over the best baseline per seed, and rotation's over Muon's where a seed
+  has both."""
+  muon = _gains(group, window, "muon")
+  both = [s for s in muon if rotation.get(s) is not None and muon[s] is not None]
+  return {"muon_gain": muon, "muon_interval": metrics.interval(list(muon.values()), log=True),
+          "rotation_over_muon": {s: rotation[s] / muon[s] for s in both}}
+
+
+def _readings(gains: dict, steps: int) -> dict:
+  """What amendment 8 prints beside a verdict: the leave-one-seed-out readings, and the reading on
+  the seeds trained after the protocol fixed them (a family of one; none at T = 2,400)."""
+  seeds, values = list(gains), [NO_GAIN if v is None else v for v in gains.values()]
+  fresh = [v for s, v in zip(seeds, values) if s not in SEEN_BEFORE_PROTOCOL.get(steps, ())]
+  after = claims.check("", "", fresh, 1.0, log=True) if fresh else None
+  return {"leave_one_out": claims.leave_one_out(seeds, values, 1.0, log=True),
+          "after_protocol": None if after is None else {
+              "seeds": [s for s in seeds if s not in SEEN_BEFORE_PROTOCOL.get(steps, ())],
+              "mean": after.interval and after.interval["mean"],
+              "ci95": after.interval and after.interval["ci95"], "p": after.p, "verdict": after.verdict}}
 
 
 def horizon_rows(sources) -> tuple[list, list, list]:
@@ -55,20 +86,21 @@ def horizon_rows(sources) -> tuple[list, list, list]:
   for source in sources:
     data = curves.read(source)
     runs += [{**r, "window": data["meta"]["window"]} for r in data["runs"]]  # one T per study
-  groups = {steps: g for steps, g in by_horizon(runs).items() if _gains(g, g[0]["window"])[0]}
+  groups = {steps: g for steps, g in by_horizon(runs).items() if _gains(g, g[0]["window"])}
   scale = {"reported": 1.0, "half": 0.5, "double": 2.0}
 
   def family(label):
     out = []
     for steps, g in groups.items():
-      gains = _gains(g, max(1, int(g[0]["window"] * scale[label])))[1]
+      gains = list(_gains(g, max(1, int(g[0]["window"] * scale[label]))).values())
       out.append(claims.check(f"T = {steps}", "> 1", [NO_GAIN if v is None else v for v in gains], 1.0,
                               log=True))
     return out
   decided = claims.protocol(family)
   rows = []
   for (steps, group), claim in zip(groups.items(), decided):
-    gains = _gains(group, group[0]["window"])[1]
+    by_seed = _gains(group, group[0]["window"])
+    gains = list(by_seed.values())
     tables = seed_tables(curves_by(group), group[0]["window"])  # the columns: seeds every method has
     top = max(r["stages"] for r in tables[0])
     aggregated = metrics.aggregate(tables)
@@ -79,10 +111,39 @@ def horizon_rows(sources) -> tuple[list, list, list]:
       own = seed_tables(curves_by([r for r in group if r["config"]["method"] == method]), group[0]["window"])
       slowdowns[method] = [next((x["slowdown_levels"] for x in t if x["stages"] == top), None) for t in own]
     rows.append({"T": steps, "P": top, "tau_max": top - 1, "seeds": len(gains), "common": len(tables),
-                 "gains": gains, "slowdowns": slowdowns,
+                 "gains": gains, "seed_ids": list(by_seed), "slowdowns": slowdowns,
+                 "exploratory": EXPLORATORY.get(steps, ""), **_readings(by_seed, steps),
+                 **_control(group, group[0]["window"], by_seed),
                  "gain": claim.interval, "verdict": claim.verdict, "why": claim.why, "claim": claim,
                  "at": at, "first": first})
   return rows, curves.hosts_of(runs), curves.revision_lines(runs)
+
+
+def _beside(rows) -> list:
+  """The readings printed beside each verdict (amendment 8): leave-one-seed-out, the seeds trained
+  after the protocol alone, and Muon's gain over the same baseline."""
+  num = lambda x, spec="{:.2f}": "-" if x is None else spec.format(x)
+  lines = ["## Beside each verdict", "",
+           "Leave-one-seed-out: the gain's geometric mean, p and verdict (a family of one) with each seed "
+           "left out in turn. After the protocol: the seeds trained after docs/protocol.md fixed them, "
+           "alone. Muon's gain: Muon's staleness gain over the same best baseline, per seed (the "
+           "control of amendment 8: a trend both share is not rotation's), and rotation's gain over "
+           "Muon's where a seed has both. Readings, not verdicts.", "",
+           "| T | leave one seed out (seed: mean, p, verdict) | after the protocol | Muon's gain per seed "
+           "(geometric mean) | rotation's gain over Muon's per seed |", "|---|---|---|---|---|"]
+  for r in rows:
+    loo = "; ".join(f"{x['left_out']}: {num(x['mean'])}, p {num(x['p'], '{:.2g}')}, {x['verdict']}"
+                    for x in r["leave_one_out"])
+    a = r["after_protocol"]
+    after = ("none (every seed seen before)" if a is None else
+             f"seeds {a['seeds']}: {num(a['mean'])}" + (f" ({num(a['ci95'][0])} to {num(a['ci95'][1])}), "
+                                                        f"p {num(a['p'], '{:.2g}')}" if a["ci95"] else "")
+             + f", {a['verdict']}")
+    muon = ", ".join(f"{s}: {num(v)}" for s, v in r["muon_gain"].items())
+    mean = r["muon_interval"]["mean"] if r["muon_interval"] else None
+    ratio = ", ".join(f"{s}: {num(v)}" for s, v in r["rotation_over_muon"].items())
+    lines.append(f"| {r['T']} | {loo} | {after} | {muon} ({num(mean)}) | {ratio or '-'} |")
+  return lines + [""]
 
 
 def write(rows, hosts, out: pathlib.Path, command: str, revisions=()) -> dict:
@@ -115,9 +176,10 @@ def write(rows, hosts, out: pathlib.Path, command: str, revisions=()) -> dict:
       a, b = r["first"].get(m, {}).get("final"), r["at"].get(m, {}).get("final")
       fin.append(f"{a:.3f} / {b:.3f} ({b - a:+.3f})" if a is not None and b is not None else "")
     verdict = r["verdict"] + (f" ({r['why']})" if r["why"] else "")
+    verdict += f"; **{r['exploratory']}**" if r["exploratory"] else ""
     lines.append(f"| {r['T']} | {r['P']} | {r['T'] / r['tau_max']:.0f} | {r['seeds']} | {gain} | "
                  f"{verdict} | " + " | ".join(slow) + " | " + " | ".join(fin) + f" | {r['common']} |")
-  lines += ["", "![rotation's staleness gain against the horizon](horizon.png)", ""]
+  lines += ["", "![rotation's staleness gain against the horizon](horizon.png)", ""] + _beside(rows)
   (out / "report.md").write_text("\n".join(lines))
   plots.gain_vs_horizon(rows, out / "horizon.png", PAPER_T_PER_DELAY)
   summary = {"command": command, "hosts": hosts, "gain_vs_horizon": [
@@ -126,7 +188,12 @@ def write(rows, hosts, out: pathlib.Path, command: str, revisions=()) -> dict:
        "p": r["claim"].p, "p_holm": r["claim"].p_holm, "scale": "log",
        "gain": ({k: r["gain"][k] for k in ("mean", "min", "max", "ci95")} | {
            "level": r["gain"].get("level", 0.95)} if r["gain"] else None),
-       "slowdowns_per_seed": r["slowdowns"]}
+       "slowdowns_per_seed": r["slowdowns"], "seed_ids": r["seed_ids"],
+       "exploratory": r["exploratory"], "leave_one_out": r["leave_one_out"],
+       "after_protocol": r["after_protocol"],
+       "muon_gain": {"per_seed": {str(k): v for k, v in r["muon_gain"].items()},
+                     "mean": r["muon_interval"] and r["muon_interval"]["mean"]},
+       "rotation_over_muon": {str(k): v for k, v in r["rotation_over_muon"].items()}}
       for r in rows]}
   (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
   return summary
