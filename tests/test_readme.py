@@ -184,6 +184,44 @@ def test_every_decimal_of_the_readmes_answer_is_in_a_committed_summary():
   assert checked >= 8
 
 
+def _summary(name: str) -> dict:
+  return json.loads((ROOT / "docs" / "results" / name / "summary.json").read_text())
+
+
+def _claim(name: str, *words) -> str:
+  """The verdict of the one claim of ``name``'s summary whose text holds every one of ``words``."""
+  hits = [c for c in _summary(name)["claims"] if all(w in c["claim"] for w in words)]
+  assert len(hits) == 1, (name, words, [c["claim"] for c in hits])
+  return hits[0]["verdict"]
+
+
+def test_the_readmes_verdict_words_are_the_summaries():
+  # each quoted number of the answer is followed by the verdict its summary.json gives it
+  answer = " ".join(README[README.index("**Does basis rotation"):README.index("<!-- generated from")].split())
+  horizon = {g["T"]: g for g in _summary("horizon")["gain_vs_horizon"]}
+  expected = {
+      "0.66 at 2,400 steps": horizon[2400]["verdict"],
+      "0.85 at 9,600": horizon[9600]["verdict"],
+      "1.16 at 38,400": horizon[38400]["verdict"],
+      "seeds 3-5 alone 1.16": horizon[38400]["after_protocol"]["verdict"],
+      "30.6% fewer iterations": _claim("cpu", "fewer iterations", "P = 16", "main reading"),
+      "from 6.10x to 3.56x": _claim("lag", "decay 0.95"),
+      "0.17 of Muon's gap": _claim("remedies", "muon+predict", "1f1b, P = 16"),
+      "0.35 of AdamW's": _claim("remedies", "nesterov closes", "1f1b, P = 16"),
+      "-0.28 of it": _claim("remedies", "pipedream-lr closes", "2bw, P = 16"),
+  }
+  for quote, verdict in expected.items():
+    assert quote in answer, quote
+    said = re.search(r"reproduced|refuted|inconclusive", answer[answer.index(quote):]).group(0)
+    assert said == verdict, f"README says {quote} ... {said}; the summary says {verdict}"
+  # the relabelled horizon says so, and the seeds whose removal changes its verdict are the ones named
+  assert bool(horizon[38400]["exploratory"]) == ("1.16 at 38,400 (6 seeds, 1.02-1.33, reproduced, exploratory"
+                                                  in answer)
+  full = horizon[38400]["verdict"]
+  moved = [x["left_out"] for x in horizon[38400]["leave_one_out"] if x["verdict"] != full]
+  assert "without seed " + ", ".join(map(str, moved[:-1])) + f" or {moved[-1]} inconclusive" in answer
+
+
 def test_attention_and_scanned_stack_recipe_rotates_each_layer_as_the_paper_does():
   scope = _run(RECIPES[0], "docs/recipes.md attention recipe")
   losses = np.asarray(scope["losses"])
