@@ -53,6 +53,7 @@ class Claim:
   p: float | None = None  # the uncorrected two-sided p-value (None: no test)
   p_holm: float | None = None  # Holm-adjusted over the claim's family (None: not corrected yet)
   family: int = 1  # claims with a test in the family
+  blocks: tuple | None = None  # one label per seed (its CPU): a fixed blocking factor of the test
 
   def row(self) -> str:
     verdict = f"**{self.verdict}**" + (f" ({self.why})" if self.why else "")
@@ -73,19 +74,20 @@ def _missing(values) -> list:
   return [v for v in values if v is None or isinstance(v, str) or not np.isfinite(v)]
 
 
-def p_value(values, threshold: float, log: bool = False) -> float | None:
+def p_value(values, threshold: float, log: bool = False, blocks=None) -> float | None:
   """The two-sided p-value of Student's one-sample t test of "the mean of the per-seed ``values``
   (of their logs, with ``log``) is ``threshold``"; ``None`` when there is no test (a seed without a
-  number, fewer than two seeds, a non-positive ratio)."""
+  number, fewer than two seeds, a non-positive ratio). ``blocks`` (one label per seed, its CPU): the
+  pooled within-block spread with ``n - B`` degrees of freedom (``metrics.spread``)."""
   if len(values) < 2 or _missing(values) or (log and min(values) <= 0):
     return None
   y = np.log(np.asarray(values, np.float64)) if log else np.asarray(values, np.float64)
   t0 = np.log(threshold) if log else threshold
-  sd = float(y.std(ddof=1))
+  sd, df = metrics.spread(y, blocks)
   if sd == 0:
     return 1.0 if float(y.mean()) == t0 else 0.0
   t = (float(y.mean()) - t0) / (sd / np.sqrt(len(y)))
-  return float(2 * scipy.stats.t.sf(abs(t), len(y) - 1))
+  return float(2 * scipy.stats.t.sf(abs(t), df))
 
 
 def seeds_needed(values, threshold: float, level: float = 0.95, log: bool = False) -> int | None:
@@ -123,7 +125,7 @@ def decide(c: Claim, p_holm: float | None = None, level: float = 0.95, family: i
   (default: its own, a family of one)."""
   values = list(c.values)
   p_holm = c.p if p_holm is None else p_holm
-  iv = metrics.interval(values, level, c.log) if values and not _missing(values) else None
+  iv = metrics.interval(values, level, c.log, c.blocks) if values and not _missing(values) else None
   evidence = c.context + describe(values, iv, c.spec)
   if not values:
     verdict, why = "inconclusive", "not measured"
@@ -158,12 +160,14 @@ def judge(values, threshold: float, side: int = 1, log: bool = False) -> tuple[s
 
 
 def check(claim: str, paper: str, values, threshold: float, side: int = 1, spec: str = "{:.2f}",
-          context: str = "", log: bool = False) -> Claim:
+          context: str = "", log: bool = False, blocks=None) -> Claim:
   """A claim from its per-seed quantity, decided as a family of one (``holm`` corrects a report's
-  claims together); ``context`` is prepended to the evidence."""
+  claims together); ``context`` is prepended to the evidence; ``blocks``: each seed's CPU, a fixed
+  blocking factor (``p_value``)."""
   values = tuple(values)
+  blocks = None if blocks is None else tuple(blocks)
   c = Claim(claim, paper, "", "inconclusive", values=values, threshold=threshold, side=side, log=log,
-            spec=spec, context=context, p=p_value(values, threshold, log))
+            spec=spec, context=context, p=p_value(values, threshold, log, blocks), blocks=blocks)
   return decide(c)
 
 
@@ -297,13 +301,15 @@ def claim_tables(curves: dict, window: int) -> tuple[list, list]:
   return list(rotation.values()), list(muon.values())
 
 
-def leave_one_out(seeds, values, threshold: float, side: int = 1, log: bool = False) -> list[dict]:
+def leave_one_out(seeds, values, threshold: float, side: int = 1, log: bool = False,
+                  blocks=None) -> list[dict]:
   """Per seed left out, the claim on the other seeds as a family of one: ``[{"left_out", "mean",
   "p", "verdict"}]`` (``mean``: the geometric mean with ``log``; ``None`` without a number)."""
   out = []
   for i, seed in enumerate(seeds):
     rest = [v for j, v in enumerate(values) if j != i]
-    c = check("", "", rest, threshold, side, log=log)
+    kept = None if blocks is None else [b for j, b in enumerate(blocks) if j != i]
+    c = check("", "", rest, threshold, side, log=log, blocks=kept)
     out.append({"left_out": seed, "mean": c.interval["mean"] if c.interval else None, "p": c.p,
                 "verdict": c.verdict})
   return out

@@ -232,13 +232,28 @@ def study_table(curves: dict, baselines: Sequence[str], window: int,
   return rows
 
 
-def interval(values, level: float = 0.95, log: bool = False) -> dict | None:
+def spread(y: np.ndarray, blocks=None) -> tuple[float, int]:
+  """``(standard deviation, degrees of freedom)`` of ``y`` for a t interval of its mean: the sample
+  one (``n - 1``), or with ``blocks`` (one label per value, e.g. each seed's CPU) the pooled
+  within-block one (``n - B`` for B blocks), so that a fixed block effect is not counted as noise."""
+  if blocks is None or len(set(blocks)) <= 1:
+    return float(y.std(ddof=1)), len(y) - 1
+  labels = np.asarray([str(b) for b in blocks])
+  resid = np.concatenate([y[labels == b] - y[labels == b].mean() for b in sorted(set(labels))])
+  df = len(y) - len(set(labels))
+  if df < 1:
+    raise ValueError(f"{len(y)} values in {len(set(labels))} blocks leave no degrees of freedom")
+  return float(np.sqrt((resid ** 2).sum() / df)), df
+
+
+def interval(values, level: float = 0.95, log: bool = False, blocks=None) -> dict | None:
   """``{"mean", "min", "max", "ci95": [lo, hi] or None, "seeds"}`` of per-seed values: the interval
   is Student's t interval of the mean at confidence ``level`` (``None`` with one seed; the key keeps
   its name at any level, ``"level"`` says which). ``log``: for ratios, the interval of the mean of
   ``log x`` mapped back (``exp(mean(log x) +- t s / sqrt(n))``) and ``"mean"`` the geometric mean.
   ``None`` if a value is missing (a seed that diverged or never reached a level has no number to
-  average) or, with ``log``, not positive."""
+  average) or, with ``log``, not positive. ``blocks``: one label per value (a fixed blocking factor,
+  ``spread``): the mean stays the plain mean, the interval uses the pooled within-block spread."""
   if not len(values) or any(v is None or not np.isfinite(v) or (log and v <= 0) for v in values):
     return None
   x = np.asarray(values, np.float64)
@@ -249,7 +264,8 @@ def interval(values, level: float = 0.95, log: bool = False) -> dict | None:
   if level != 0.95 or log:
     out.update(level=level, log=log)
   if len(x) > 1:
-    half = float(scipy.stats.t.ppf(0.5 + level / 2, len(x) - 1) * y.std(ddof=1) / np.sqrt(len(x)))
+    sd, df = spread(y, blocks)
+    half = float(scipy.stats.t.ppf(0.5 + level / 2, df) * sd / np.sqrt(len(x)))
     out["ci95"] = [float(back(y.mean() - half)), float(back(y.mean() + half))]
   return out
 

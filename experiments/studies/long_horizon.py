@@ -1,0 +1,171 @@
+"""``python -m experiments.studies.long_horizon SOURCE... --rates SUMMARY --out DIR``: the long
+horizon's confirmatory verdicts (docs/protocol.md amendment 8).
+
+SOURCE folders hold ``curves.json.xz`` of the confirmatory runs (T = 38,400, seeds 6-11); SUMMARY is
+the rate tuning's ``summary.json`` (``experiments.studies.tuned_rates``), whose ``chosen`` rate of each
+(method, P) picks the run read for it. Per seed, from that seed's runs alone (``metrics.study_table``,
+the baselines PipeDream and Nesterov): rotation's staleness gain over the best baseline at P = 16 (the
+primary endpoint, a family of one), and the two secondary claims (one Holm family): rotation's gain
+over Muon's gain over the same baseline (S1, "is the trend rotation's?") and Muon's gain (S2, the
+control), all > 1 on the log scale, under the window rule. A seed whose runs trained on two CPUs is
+left out (the amendment: it is trained again, whole, on one); with seeds on more than one CPU the CPU
+is a fixed blocking factor of every test. Beside each verdict: the leave-one-seed-out readings.
+
+Writes ``report.md`` and ``summary.json`` (``claims``: each claim's verdict, interval, p and
+``leave_one_out``; ``seeds``: the per-seed numbers) and the merged curves (``OUT`` as the only
+SOURCE rebuilds it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+
+from experiments import cli
+from experiments.harness.methods import BASELINES
+from experiments.report import claims, curves, metrics
+from experiments.report.tables import curve_of
+
+STEPS, TOP = 38400, 16
+METHODS = ("pipedream", "nesterov", "rotation", "muon")
+SEEDS = tuple(range(6, 12))
+PRIMARY = "rotation's staleness gain over the best baseline (P = 16, T = 38,400)"
+S1 = "rotation's gain over Muon's gain over the same baseline (is the trend rotation's?)"
+S2 = "Muon's staleness gain over the best baseline (the control)"
+SCALE = {"reported": 1.0, "half": 0.5, "double": 2.0}
+
+
+def chosen_rates(summary: dict) -> dict:
+  """``{(method, P): rate}`` from the tuning summary; an error until every rate is chosen."""
+  if not summary.get("chosen"):
+    raise ValueError("the rate tuning has not chosen every rate yet (tuned_rates' summary.json: chosen)")
+  return {(m, int(p)): r for m, by_p in summary["chosen"].items() for p, r in by_p.items()}
+
+
+def by_seed(runs, rates: dict) -> tuple[dict, dict]:
+  """``({seed: {(method, P): run}}`` of the runs at their chosen rate (complete seeds only),
+  ``{seed: why it is left out}``)."""
+  picked = {}
+  for r in runs:
+    c = r["config"]
+    key = (c["method"], c["stages"])
+    if (c["steps"] == STEPS and r["group"] == "main" and key in rates
+        and math.isclose(c["lr"], rates[key], rel_tol=1e-9)):
+      picked.setdefault(c["seed"], {})[key] = r
+  seeds, left = {}, {}
+  for s in sorted(picked):
+    runs_ = picked[s]
+    cpus = {r["host"]["cpu"] for r in runs_.values()}
+    if set(runs_) != set(rates):
+      left[s] = f"{len(runs_)} of {len(rates)} runs"
+    elif len(cpus) > 1:
+      left[s] = "its runs trained on " + " and ".join(sorted(cpus)) + " (trained again on one CPU)"
+    else:
+      seeds[s] = runs_
+  return seeds, left
+
+
+def per_seed(runs_: dict, window: int) -> dict:
+  """One seed's slowdowns and gains at P = 16 (``None`` where a run diverged or shares no levels)."""
+  table = metrics.study_table({k: curve_of(r) for k, r in runs_.items()}, BASELINES, window)
+  row = {r["method"]: r for r in table if r["stages"] == TOP}
+  gain = lambda m: row[m]["staleness_gain"]
+  ratio = gain("rotation") / gain("muon") if gain("rotation") and gain("muon") else None
+  return {"cpu": next(iter(runs_.values()))["host"]["cpu"], "best_baseline": row["rotation"]["best_baseline"],
+          "slowdown": {m: row[m]["slowdown_levels"] for m in METHODS}, "gain": gain("rotation"),
+          "muon_gain": gain("muon"), "rotation_over_muon": ratio}
+
+
+def verdicts(seeds: dict, window: int) -> list[claims.Claim]:
+  """The primary claim (its own family), then S1 and S2 (one Holm family), under the window rule."""
+  cpus = [next(iter(r.values()))["host"]["cpu"] for r in seeds.values()]
+  blocks = cpus if len(set(cpus)) > 1 else None
+  missing = "a run diverged or shares no levels"
+
+  def values(label, field):
+    w = max(1, int(window * SCALE[label]))
+    return [missing if (v := per_seed(r, w)[field]) is None else v for r in seeds.values()]
+
+  def primary(label):
+    return [claims.check(PRIMARY, "> 1", values(label, "gain"), 1.0, log=True, blocks=blocks)]
+
+  def secondary(label):
+    return [claims.check(S1, "> 1", values(label, "rotation_over_muon"), 1.0, log=True, blocks=blocks),
+            claims.check(S2, "> 1", values(label, "muon_gain"), 1.0, log=True, blocks=blocks)]
+  return claims.protocol(primary) + claims.protocol(secondary)
+
+
+def study(runs, rates: dict, window: int) -> dict:
+  seeds, left = by_seed(runs, rates)
+  rows = {s: per_seed(r, window) for s, r in seeds.items()}
+  decided = verdicts(seeds, window) if seeds else []
+  cpus = [rows[s]["cpu"] for s in rows]
+  blocks = cpus if len(set(cpus)) > 1 else None
+  out = []
+  for c in decided:
+    loo = (claims.leave_one_out(list(rows), list(c.values), 1.0, log=True, blocks=blocks)
+           if len(rows) > 2 else [])
+    out.append({**c.summary(), "leave_one_out": loo,
+                "rests_on_one_seed": [x["left_out"] for x in loo if x["verdict"] != c.verdict]})
+  return {"seeds": rows, "left_out": left, "claims": out, "decided": decided}
+
+
+def _num(x, spec="{:.2f}") -> str:
+  return "-" if x is None else spec.format(x)
+
+
+def report(result: dict, rates: dict, command: str, hosts) -> str:
+  lines = ["# The long horizon, confirmatory (protocol amendment 8)", "", f"- made by `{command}`",
+           "- runs from " + ("one CPU: " if len(hosts) <= 1 else "**more than one CPU** (a blocking "
+                             "factor of every test): ") + curves.hosts_text(hosts),
+           f"- T = {STEPS}, P = 1 and {TOP}, 1F1B with weight stashing; the confirmatory seeds "
+           f"{SEEDS[0]}-{SEEDS[-1]}; every (method, P) at its tuned rate: "
+           + ", ".join(f"{m} {rates[(m, 1)]:g} / {rates[(m, TOP)]:g}" for m in METHODS) + " (P = 1 / 16)",
+           "- seeds counted: " + (", ".join(map(str, result["seeds"])) or "none yet")
+           + ("; left out: " + "; ".join(f"{s}: {w}" for s, w in result["left_out"].items())
+              if result["left_out"] else ""), ""]
+  lines += ["| claim | threshold | evidence | verdict | leave one seed out (seed: mean, p, verdict) |",
+            "|---|---|---|---|---|"]
+  for c, s in zip(result["decided"], result["claims"]):
+    loo = "; ".join(f"{x['left_out']}: {_num(x['mean'])}, p {_num(x['p'], '{:.2g}')}, {x['verdict']}"
+                    for x in s["leave_one_out"]) or "-"
+    rests = f" (rests on one seed: {s['rests_on_one_seed']})" if s["rests_on_one_seed"] else ""
+    lines.append(f"{c.row()[:-2]}{rests} | {loo} |")
+  lines += ["", "Per seed (slowdown from P = 1 to 16 at each run's own levels; gains over the best "
+            "baseline):", "", "| seed | CPU | best baseline | slowdown: " + ", ".join(METHODS)
+            + " | rotation's gain | Muon's gain | rotation's over Muon's |", "|---|---|---|---|---|---|---|"]
+  for s, r in result["seeds"].items():
+    lines.append(f"| {s} | {r['cpu']} | {r['best_baseline']} | "
+                 + ", ".join(_num(r["slowdown"][m]) for m in METHODS)
+                 + f" | {_num(r['gain'])} | {_num(r['muon_gain'])} | {_num(r['rotation_over_muon'])} |")
+  return "\n".join(lines + [""])
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(prog="python -m experiments.studies.long_horizon", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("sources", nargs="+", help=f"folders holding {curves.FILE} of the confirmatory runs")
+  parser.add_argument("--rates", required=True, help="the rate tuning's summary.json")
+  parser.add_argument("--out", required=True, help="where to write report.md, summary.json and the curves")
+  args = parser.parse_args(argv)
+  rates = chosen_rates(json.loads(pathlib.Path(args.rates).read_text()))
+  data = curves.merge(args.sources)
+  result = study(data["runs"], rates, data["meta"]["window"])
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  command = f"python -m experiments.studies.long_horizon {out} --rates {args.rates} --out {out}"
+  hosts = curves.hosts_of(data["runs"])
+  curves.write(out / curves.FILE, data["meta"], data["runs"])
+  (out / "report.md").write_text(report(result, rates, command, hosts))
+  summary = {"command": command, "hosts": hosts, "rates": {f"{m} P={p}": r for (m, p), r in rates.items()},
+             "seeds": {str(s): r for s, r in result["seeds"].items()},
+             "left_out": {str(s): w for s, w in result["left_out"].items()}, "claims": result["claims"]}
+  (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+  print(f"wrote {out}/report.md: " + "; ".join(f"{c['claim']}: {c['verdict']}" for c in result["claims"]))
+  return summary
+
+
+if __name__ == "__main__":
+  cli.exit_process(cli.run(main))

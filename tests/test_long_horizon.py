@@ -1,0 +1,110 @@
+"""The long horizon's confirmatory verdicts (experiments/studies/long_horizon.py, protocol amendment
+8) on synthetic runs of known slowdowns: the runs read at their tuned rates, the three claims, the
+leave-one-seed-out readings, a seed across two CPUs left out, and the CPU as a blocking factor."""
+
+import json
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from experiments.report import claims, curves, metrics
+from experiments.studies import long_horizon as lh
+
+STEPS = 600
+RATES = {"pipedream": {1: 3e-3, 16: 3e-3}, "nesterov": {1: 3e-3, 16: 2e-3},
+         "rotation": {1: 3e-3, 16: 3e-3}, "muon": {1: 6e-3, 16: 3e-3}}
+
+
+def _run(method, stages, lr, seed, stretch, cpu="cpu A"):
+  t = np.arange(1, STEPS + 1) / stretch
+  losses = list(2.0 + 3.0 * np.exp(-t / 100) + 0.5 / (1 + t / 30))
+  return {"group": "main", "name": f"{method}_P{stages}_lr{lr}_s{seed}", "status": "finished",
+          "config": {"method": method, "stages": stages, "lr": lr, "seed": seed, "steps": STEPS},
+          "losses": losses, "val_steps": [], "val_losses": [], "host": {"cpu": cpu, "cores": 2}}
+
+
+def _seed(seed, slow, cpu="cpu A", off_rate=True):
+  """One seed's runs: P = 16 slows each method by ``slow[method]``; plus runs at other rates that
+  must not be read (with ``off_rate``)."""
+  runs = []
+  for m, by_p in RATES.items():
+    runs += [_run(m, 1, by_p[1], seed, 1.0, cpu), _run(m, 16, by_p[16], seed, slow[m], cpu)]
+    if off_rate:
+      runs.append(_run(m, 16, by_p[16] * 2, seed, slow[m] * 9, cpu))  # a worse rate: ignored
+  return runs
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+  monkeypatch.setattr(lh, "STEPS", STEPS)
+
+  def make(runs):
+    (tmp_path / "src").mkdir(exist_ok=True)
+    curves.write(tmp_path / "src" / curves.FILE, {"window": 15, "preset": "t", "command": "c"}, runs)
+    (tmp_path / "rates.json").write_text(json.dumps({"chosen": RATES}))
+    return lh.main([str(tmp_path / "src"), "--rates", str(tmp_path / "rates.json"), "--out",
+                    str(tmp_path / "out")])
+  return make
+
+
+def test_the_three_claims_from_each_seeds_tuned_runs(study):
+  runs = []
+  for s in lh.SEEDS:
+    j = 1 + 0.04 * (s - 8.5)
+    runs += _seed(s, {"pipedream": 4.0 * j, "nesterov": 3.0 * j, "rotation": 2.0, "muon": 1.5 * j})
+  summary = study(runs)
+  seeds = {int(s): r for s, r in summary["seeds"].items()}
+  assert sorted(seeds) == list(lh.SEEDS) and all(r["best_baseline"] == "nesterov" for r in seeds.values())
+  for s, r in seeds.items():  # the gain over Nesterov: its slowdown over rotation's (3j / 2)
+    j = 1 + 0.04 * (s - 8.5)
+    assert r["gain"] == pytest.approx(1.5 * j, rel=0.05)
+    assert r["muon_gain"] == pytest.approx(2.0, rel=0.05)
+    assert r["rotation_over_muon"] == pytest.approx(r["gain"] / r["muon_gain"])
+  got = {c["claim"]: c for c in summary["claims"]}
+  assert got[lh.PRIMARY]["verdict"] == "reproduced" and got[lh.PRIMARY]["family"] == 1
+  assert got[lh.S2]["verdict"] == "reproduced"
+  assert got[lh.S1]["verdict"] == "refuted"  # rotation's gain 1.5 against Muon's 2: the trend is Muon's too
+  assert got[lh.S1]["family"] == 2
+  # leave one seed out, by hand, for the primary claim
+  gains = np.log([seeds[s]["gain"] for s in lh.SEEDS])
+  for i, row in enumerate(got[lh.PRIMARY]["leave_one_out"]):
+    rest = np.delete(gains, i)
+    assert row["left_out"] == lh.SEEDS[i]
+    assert row["p"] == pytest.approx(scipy.stats.ttest_1samp(rest, 0.0).pvalue)
+  assert got[lh.PRIMARY]["rests_on_one_seed"] == []
+
+
+def test_a_seed_across_two_cpus_or_incomplete_is_left_out(study):
+  slow = {"pipedream": 4.0, "nesterov": 3.0, "rotation": 2.0, "muon": 1.5}
+  runs = _seed(6, slow) + _seed(7, {**slow, "nesterov": 3.3}) + _seed(8, slow, off_rate=False)[:-1]
+  crossed = _seed(9, slow)
+  crossed[0]["host"] = {"cpu": "cpu B", "cores": 2}
+  summary = study(runs + crossed)
+  assert sorted(summary["seeds"]) == ["6", "7"]
+  assert summary["left_out"]["8"] == "7 of 8 runs" and "cpu A and cpu B" in summary["left_out"]["9"]
+
+
+def test_the_cpu_is_a_blocking_factor_when_seeds_train_on_two():
+  # by hand: the pooled within-CPU spread with n - B degrees of freedom
+  y = np.log([1.10, 1.20, 1.15, 1.40, 1.50, 1.45])
+  cpu = ["A", "A", "A", "B", "B", "B"]
+  sd, df = metrics.spread(y, cpu)
+  resid = np.concatenate([y[:3] - y[:3].mean(), y[3:] - y[3:].mean()])
+  assert df == 4 and sd == pytest.approx(np.sqrt((resid ** 2).sum() / 4))
+  t = y.mean() / (sd / np.sqrt(6))
+  want = 2 * scipy.stats.t.sf(t, 4)
+  assert claims.p_value(list(np.exp(y)), 1.0, log=True, blocks=cpu) == pytest.approx(want)
+  iv = metrics.interval(list(np.exp(y)), log=True, blocks=cpu)
+  half = scipy.stats.t.ppf(0.975, 4) * sd / np.sqrt(6)
+  assert iv["ci95"] == pytest.approx([np.exp(y.mean() - half), np.exp(y.mean() + half)])
+  # one block is the plain test; the CPU offset no longer counts as noise, so the interval narrows
+  assert claims.p_value(list(np.exp(y)), 1.0, log=True, blocks=["A"] * 6) == pytest.approx(
+      scipy.stats.ttest_1samp(y, 0.0).pvalue)
+  plain = metrics.interval(list(np.exp(y)), log=True)
+  assert plain["ci95"][1] - plain["ci95"][0] > iv["ci95"][1] - iv["ci95"][0]
+
+
+def test_the_rates_must_be_chosen_first(tmp_path):
+  with pytest.raises(ValueError, match="not chosen every rate"):
+    lh.chosen_rates({"chosen": None})
