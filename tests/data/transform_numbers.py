@@ -7,8 +7,18 @@ wrote it and to 1e-5 elsewhere (the same seed gives other rounding on another CP
 
 import hashlib
 import json
+import os
 import pathlib
 import platform
+
+if __name__ == "__main__":  # the test suite's XLA flags (tests/conftest.py): they change the rounding
+  import sys
+
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+  from conftest import xla_flags
+
+  os.environ["XLA_FLAGS"] = xla_flags(1)
+  os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax
 import jax.numpy as jnp
@@ -73,7 +83,8 @@ def cpu() -> str:
 
 
 if __name__ == "__main__":
-  out = {"cpu": cpu(), "jax": jax.__version__, "configs": {k: numbers(v) for k, v in CONFIGS.items()}}
+  out = {"cpu": cpu(), "xla_flags": os.environ["XLA_FLAGS"], "jax": jax.__version__,
+         "configs": {k: numbers(v) for k, v in CONFIGS.items()}}
   path = pathlib.Path(__file__).with_suffix(".json")
   path.write_text(json.dumps(out, indent=1) + "\n")
   print(f"wrote {path}")
