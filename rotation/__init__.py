@@ -1,5 +1,6 @@
 """Basis rotation: Adam in a rotated Kronecker-factored eigenbasis, as Optax transformations."""
 
+from rotation.adam import scale_by_adam
 from rotation.dims import (
     ATTENTION_OUT,
     ATTENTION_QKV,
@@ -8,23 +9,12 @@ from rotation.dims import (
     stacked,
 )
 from rotation.eigenbasis import eigh_descending
+from rotation.moments import FIRST_MOMENTS, SECOND_MOMENTS
+from rotation.options import DEFAULT_BLOCK_SIZE, FIRST_ORDER_STEPS, GEOMETRIES, SECOND_MOMENT_RULES, SOURCES
 from rotation.refresh import ALLOCATIONS, refresh_budget, stage_aware_decay, stage_aware_refresh
 from rotation.sharding import state_sharding
-from rotation.transform import (
-    DEFAULT_BLOCK_SIZE,
-    FIRST_MOMENTS,
-    FIRST_ORDER_STEPS,
-    GEOMETRIES,
-    SECOND_MOMENT_RULES,
-    SECOND_MOMENTS,
-    SOURCES,
-    BasisRotationState,
-    RotationPiece,
-    basis_rotation,
-    leaf_bases,
-    scale_by_adam,
-    scale_by_basis_rotation,
-)
+from rotation.state import BasisRotationState, RotationPiece, leaf_bases
+from rotation.transform import basis_rotation, scale_by_basis_rotation
 
 __all__ = [
     "ALLOCATIONS", "ATTENTION_OUT", "ATTENTION_QKV", "DEFAULT_BLOCK_SIZE", "FIRST_MOMENTS",

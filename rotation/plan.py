@@ -11,23 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from rotation import dims
-from rotation import eigenbasis as eb
-
-
-def _rotate_in(g, ql, qr, precision=eb.HIGHEST):
-  if ql is not None:
-    g = eb.mm(ql.T, g, precision)
-  if qr is not None:
-    g = eb.mm(g, qr, precision)
-  return g
-
-
-def _rotate_out(u, ql, qr, precision=eb.HIGHEST):
-  if ql is not None:
-    u = eb.mm(ql, u, precision)
-  if qr is not None:
-    u = eb.mm(u, qr.T, precision)
-  return u
 
 
 class LeafPlan(NamedTuple):

@@ -1,5 +1,6 @@
 """Where basis rotation's state lives on a mesh: the moments like the parameters, the bases and
-statistics split along their stack axis (``stack_sharding``).
+statistics split along their stack axis (``stack_sharding``); and how the transformation finds the
+mesh (``mesh_of``) and the explicit axes it must run under (``explicit_axes``).
 
 An eager ``init`` of sharded parameters (what ``nnx.Optimizer`` does) already lays the state out so;
 ``state_sharding`` gives the same layout as shardings, for ``jax.jit(tx.init, out_shardings=...)``,
@@ -11,7 +12,45 @@ from __future__ import annotations
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rotation.transform import BasisRotationState, stack_sharding
+from rotation.state import BasisRotationState
+
+
+def explicit_axes(tree) -> tuple:
+  """The mesh axes of explicit type that ``tree``'s arrays are typed with (sharding in types)."""
+  for x in jax.tree.leaves(tree):
+    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    types = getattr(mesh, "axis_types", None)
+    if types:
+      return tuple(n for n, t in zip(mesh.axis_names, types) if t == jax.sharding.AxisType.Explicit)
+  return ()
+
+
+def mesh_of(leaves):
+  """The mesh of the first concrete parameter sharded by ``NamedSharding`` over several devices
+  (an eager ``init`` of sharded parameters, what ``nnx.Optimizer`` does), else ``None``."""
+  for x in leaves:
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding) and not isinstance(x, jax.core.Tracer) \
+        and len(sharding.mesh.devices.flat) > 1:
+      return sharding.mesh
+  return None
+
+
+def stack_sharding(shape, mesh) -> jax.sharding.NamedSharding:
+  """The sharding of a (K, a, a) stack of bases or statistics on ``mesh``: K split over the mesh
+  axes (largest first) whose sizes multiply to a divisor of K, and the rows over the axes left
+  whose sizes divide ``a`` (a leaf of few matrices, as a single large one, is still split)."""
+  free = sorted((n for n in mesh.axis_names if mesh.shape[n] > 1), key=lambda n: -mesh.shape[n])
+  spec = []
+  for dim in shape[:2]:
+    axes, size = [], 1
+    for name in list(free):
+      if dim % (size * mesh.shape[name]) == 0:
+        axes.append(name)
+        size *= mesh.shape[name]
+        free.remove(name)
+    spec.append(tuple(axes) if len(axes) > 1 else axes[0] if axes else None)
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec, *([None] * (len(shape) - 2))))
 
 
 def state_sharding(state, params_sharding):

@@ -42,22 +42,20 @@ inf mixed with finite values), so an inf or NaN at any step, the first included,
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from rotation import dims, threads
-from rotation import eigenbasis as eb
+from rotation import matrix as mx
+from rotation.adam import scale_by_adam
+from rotation.moments import FIRST_MOMENTS, SECOND_MOMENTS, at, moment_fields, replace_at
+from rotation.options import DEFAULT_BLOCK_SIZE, Options, check_learning_rate, compute_dtype, resolve
 from rotation.plan import (
-  _rotate_in,
-  _rotate_out,
   check_float_leaves,
-  check_periods,
   given_bases,
   is_key,
   leaf_plans,
@@ -66,168 +64,13 @@ from rotation.plan import (
   state_plans,
   static_int,
 )
+from rotation.sharding import explicit_axes, mesh_of, stack_sharding
+from rotation.stacks import batched, owned, stack
+from rotation.state import BasisRotationState, RotationPiece, bases_leaves, per_leaf
 
-SOURCES = ("second", "first")
-GEOMETRIES = ("bilateral", "unilateral")
-FIRST_ORDER_STEPS = ("paper", "power")
-FIRST_MOMENTS = ("mu", "trace", "ema")
-SECOND_MOMENT_RULES = ("permute", "rotate")  # how second moments follow a basis change
-SECOND_MOMENTS = ("nu", "nu_max", "sum_of_squares")
-DEFAULT_BLOCK_SIZE = 1024
-
-
-class RotationPiece(NamedTuple):
-  """Stacked bases and statistics of the K same-shape matrices (a x b) of one leaf's piece: its
-  batch indices times its block pairs (``rotation.dims``). A side that is not rotated and a
-  statistic that is not kept (first-order source, fixed bases) are ``None``."""
-
-  left: jax.Array | None  # (K, a, a): left bases U, columns by descending eigenvalue.
-  right: jax.Array | None  # (K, b, b): right bases V.
-  stat_left: jax.Array | None  # (K, a, a): EMA of G G^T (second-order source only).
-  stat_right: jax.Array | None  # (K, b, b): EMA of G^T G.
-
-
-class BasisRotationState(NamedTuple):
-  """State of ``scale_by_basis_rotation``."""
-
-  count: jax.Array  # int32 (): updates taken so far.
-  bases: Any  # the parameters' tree structure: per leaf a tuple of RotationPiece, or None (plain).
-  inner_state: optax.OptState  # inner's state over parameter-shaped rotated gradients.
-
-
-def _concrete(name: str, value) -> float | None:
-  """``value`` as a Python float when it is known at construction (a Python or NumPy number, a 0-d
-  array), ``None`` when it is traced (``optax.inject_hyperparams``); anything else is refused."""
-  if isinstance(value, (str, bytes)) or np.ndim(value) != 0:
-    raise TypeError(f"{name} must be a real scalar, got {value!r}")
-  if isinstance(value, jax.core.Tracer):
-    return None
-  try:
-    if np.iscomplexobj(value):
-      raise TypeError
-    return float(value)
-  except (TypeError, ValueError):
-    raise TypeError(f"{name} must be a real scalar, got {value!r}") from None
-
-
-def _check_decay(name: str, value) -> None:
-  """A decay rate known at construction must lie in [0, 1)."""
-  v = _concrete(name, value)
-  if v is not None and not 0 <= v < 1:
-    raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-
-
-def _check_learning_rate(value) -> None:
-  """A learning rate is a real scalar or a schedule (a callable of the step)."""
-  if not callable(value):
-    _concrete("learning_rate", value)
-
-
-def _check_dtype(name: str, value):
-  if value is None:
-    return None
-  try:
-    dtype = jnp.dtype(value)
-  except TypeError:
-    raise ValueError(f"{name} must be None or a floating dtype, got {value!r}") from None
-  if not jnp.issubdtype(dtype, jnp.floating):
-    raise ValueError(f"{name} must be None or a floating dtype, got {value!r}")
-  return dtype
-
-
-def _compute_dtype(x):
-  return jnp.promote_types(jnp.result_type(x), jnp.float32)
-
-
-def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_root: float = 0.0,
-                  mu_dtype: Any | None = None) -> optax.GradientTransformation:
-  """Adam with the paper's bias correction, ``sqrt(1 - b2^t) / (1 - b1^t) * mu / (sqrt(nu + eps_root)
-  + eps)``.
-
-  This differs from ``optax.scale_by_adam`` only in where ``eps`` sits relative to the bias
-  correction. ``nu`` is kept in the gradient's (float32 or wider) dtype, ``mu`` in ``mu_dtype``
-  (default: the same); the state is ``optax.ScaleByAdamState`` (fields ``mu``, ``nu``).
-  """
-  _check_decay("b1", b1)
-  _check_decay("b2", b2)
-  mu_dtype = _check_dtype("mu_dtype", mu_dtype)
-
-  def init_fn(params):
-    check_float_leaves(params)
-    mu = jax.tree.map(lambda p: jnp.zeros_like(p, dtype=mu_dtype or _compute_dtype(p)), params)
-    nu = jax.tree.map(lambda p: jnp.zeros_like(p, dtype=_compute_dtype(p)), params)
-    return optax.ScaleByAdamState(jnp.zeros([], jnp.int32), mu, nu)
-
-  def update_fn(updates, state, params=None):
-    del params
-    count = optax.safe_int32_increment(state.count)
-    mu = jax.tree.map(lambda m, g: b1 * m.astype(_compute_dtype(g)) + (1 - b1) * g, state.mu, updates)
-    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state.nu, updates)
-    t = count.astype(jnp.float32)
-    scale = jnp.sqrt(1 - b2**t) / (1 - b1**t)
-    new = jax.tree.map(lambda g, m, v: (scale * m / (jnp.sqrt(v + eps_root) + eps)).astype(g.dtype),
-                       updates, mu, nu)
-    mu = jax.tree.map(lambda m, old: m.astype(old.dtype), mu, state.mu)
-    return new, optax.ScaleByAdamState(count, mu, nu)
-
-  return optax.GradientTransformation(init_fn, update_fn)
-
-
-def _is_variable(x) -> bool:
-  """A Flax NNX ``Variable``: a box around one parameter, whose metadata (sharding names) describe
-  the parameter, so a basis is never put in one."""
-  nnx = sys.modules.get("flax.nnx")
-  return nnx is not None and isinstance(x, nnx.Variable)
-
-
-def _per_leaf(params, values):
-  """``values`` (one per flattened leaf) in the parameters' structure, without Flax Variables."""
-  it = iter(values)
-  return jax.tree.map(lambda _: next(it), params, is_leaf=_is_variable)
-
-
-def _bases_leaves(bases, params) -> list:
-  """One entry of ``bases`` (built by ``_per_leaf``) per leaf of ``params``: a tuple of pieces, or
-  ``None`` (unrotated). Read against the parameters' structure, so that ``None`` leaves of the
-  parameters (other stages' leaves in a per-stage tree) shift nothing."""
-  return jax.tree.structure(params, is_leaf=_is_variable).flatten_up_to(bases)
-
-
-def _moment_fields(inner_state, template) -> list[tuple[Any, str]]:
-  """(key path, field name) of every subtree of ``inner_state`` shaped like ``template`` (the
-  parameters): the fields that live in rotated coordinates."""
-  treedef = jax.tree.structure(template)
-  shapes = [jnp.shape(x) for x in jax.tree.leaves(template)]
-  if not shapes:
-    return []
-  matches = lambda x: (jax.tree.structure(x) == treedef
-                       and [jnp.shape(y) for y in jax.tree.leaves(x)] == shapes)
-  out = []
-  for path, x in jax.tree_util.tree_flatten_with_path(inner_state, is_leaf=matches)[0]:
-    if not matches(x):
-      continue
-    names = [getattr(k, "name", getattr(k, "key", None)) for k in path]
-    out.append((path, next((n for n in reversed(names) if isinstance(n, str)), "")))
-  # A parameters tree of a single leaf matches every array of its shape: keep only named fields.
-  return [(p, n) for p, n in out if n or treedef.num_leaves > 1]
-
-
-def _replace_at(tree, path, value):
-  """``tree`` with the subtree at key ``path`` replaced by ``value``."""
-  if not path:
-    return value
-  key, rest = path[0], path[1:]
-  if isinstance(key, jax.tree_util.GetAttrKey):
-    return tree._replace(**{key.name: _replace_at(getattr(tree, key.name), rest, value)})
-  if isinstance(key, jax.tree_util.SequenceKey):
-    items = list(tree)
-    items[key.idx] = _replace_at(items[key.idx], rest, value)
-    return type(tree)(items) if not hasattr(tree, "_fields") else type(tree)(*items)
-  if isinstance(key, jax.tree_util.DictKey):
-    new = dict(tree)
-    new[key.key] = _replace_at(tree[key.key], rest, value)
-    return type(tree)(new) if type(tree) is not dict else new
-  raise TypeError(f"cannot update the inner state at {jax.tree_util.keystr(path)}")
+# optax.tree_map_params maps f over the subtrees its placeholder stands in for; the bases have the
+# parameters' structure but are not parameters, so init gives them as this stand-in there.
+_NOT_PARAMS = type("NotParams", (), {"__repr__": lambda self: "NotParams"})()
 
 
 def scale_by_basis_rotation(
@@ -346,410 +189,229 @@ def scale_by_basis_rotation(
     (arXiv 2602.03515), Algorithms 1 and 2; Vyas et al., SOAP, 2024 (arXiv 2409.11321); Anil et
     al., Scalable Second Order Optimization for Deep Learning, 2020 (arXiv 2002.09018), blocking.
   """
-  if source not in SOURCES:
-    raise ValueError(f"unknown source {source!r}; choose from {SOURCES}")
-  if geometry not in GEOMETRIES:
-    raise ValueError(f"unknown geometry {geometry!r}; choose from {GEOMETRIES}")
-  if second_moments not in SECOND_MOMENT_RULES:
-    raise ValueError(f"unknown second_moments {second_moments!r}; choose from {SECOND_MOMENT_RULES}")
-  if first_order_step not in FIRST_ORDER_STEPS:
-    raise ValueError(f"unknown first_order_step {first_order_step!r}; choose from {FIRST_ORDER_STEPS}")
-  if orthonormalization not in eb.ORTHONORMALIZATIONS:
-    raise ValueError(f"unknown orthonormalization {orthonormalization!r}; choose from "
-                     f"{eb.ORTHONORMALIZATIONS}")
-  check_periods(refresh_every)
-  freeze_after = static_int("freeze_after", freeze_after, 1, none_ok=True, traced_ok=True)
-  if not isinstance(block_size, jax.core.Tracer):
-    static_int("block_size", block_size, 1, none_ok=True)
-  if not isinstance(max_precond_dim, jax.core.Tracer):
-    static_int("max_precond_dim", max_precond_dim, 0, none_ok=True)
-  eps_value = _concrete("eps", eps)
-  if eps_value is not None and eps_value < 0:
-    raise ValueError(f"eps must be >= 0, got {eps!r}")
-  for name, value in (("b1", b1), ("b2", b2), ("shampoo_beta", shampoo_beta)):
-    if value is not None:
-      _check_decay(name, value)
-  precond_dtype = _check_dtype("precond_dtype", precond_dtype)
-  try:
-    precision = jax.lax.Precision(precision) if precision is not None else None
-  except ValueError:
-    raise ValueError(f"precision must be a jax.lax.Precision or its name, got {precision!r}") from None
   if inner is not None and not isinstance(inner, optax.GradientTransformation):
     raise TypeError(f"inner must be an optax.GradientTransformation (or None for Adam), got {inner!r}"
                     + (": for a learning rate use rotation.basis_rotation(learning_rate, ...)"
                        if isinstance(inner, (int, float)) else ""))
-  if source == "first" and inner is not None and b1 is None:
-    raise ValueError("source='first' with a given inner needs b1= (the look-ahead weight: the inner "
-                     "optimizer's first-moment decay)")
-  b1 = 0.9 if b1 is None else b1
+  opts = resolve(source=source, geometry=geometry, refresh_every=refresh_every, b1=b1, b2=b2, eps=eps,
+                 shampoo_beta=shampoo_beta, block_size=block_size, max_precond_dim=max_precond_dim,
+                 precond_dtype=precond_dtype, precision=precision, first_order_step=first_order_step,
+                 stagger=stagger, orthonormalization=orthonormalization, batch_refresh=batch_refresh,
+                 fixed=bases is not None, freeze_after=freeze_after, second_moments=second_moments,
+                 custom_inner=inner is not None)
   inner = optax.with_extra_args_support(
-      scale_by_adam(b1, b2, eps, eps_root, mu_dtype) if inner is None else inner)
-  bs = b2 if shampoo_beta is None else shampoo_beta
-  fixed = bases is not None
-  second = source == "second" and not fixed
-  stored = lambda x, like=None: None if x is None else x.astype(precond_dtype or like or x.dtype)
-
-  def moment_fields(inner_state, template):
-    fields = _moment_fields(inner_state, template)
-    first = [p for p, n in fields if n in FIRST_MOMENTS]
-    second_ = [p for p, n in fields if n in SECOND_MOMENTS]
-    other = [(p, n) for p, n in fields if n not in FIRST_MOMENTS + SECOND_MOMENTS]
-    return first, second_, other
+      scale_by_adam(opts.b1, b2, eps, eps_root, mu_dtype) if inner is None else inner)
 
   def init_fn(params):
-    check_float_leaves(params)
-    if not fixed and jax.default_backend() == "cpu":
-      threads.limit_lapack_threads()  # the refreshes' LAPACK single-threaded; see rotation.threads
-    try:
-      block = static_int("block_size", block_size, 1, none_ok=True)
-      max_dim = static_int("max_precond_dim", max_precond_dim, 0, none_ok=True)
-    except ValueError as e:
-      raise ValueError(f"{e} (init needs it concrete: under optax.inject_hyperparams, initialise "
-                       "outside jit or list it in static_args)") from None
-    plans = leaf_plans(params, weight_dimension_numbers, geometry, max_dim, block)
-    leaves, treedef = jax.tree.flatten(params)
-    template = treedef.unflatten([jnp.zeros_like(x, dtype=_compute_dtype(x)) for x in leaves])
-    inner_state = inner.init(template)
-    first, _, other = moment_fields(inner_state, template)
-    if other and not fixed and any(p is not None for p in plans):
-      names = ", ".join(f"{jax.tree_util.keystr(p)} ({n or 'unnamed'})" for p, n in other)
-      raise ValueError(f"inner state field(s) {names} are shaped like the parameters but are neither "
-                       f"first moments {FIRST_MOMENTS} nor second moments {SECOND_MOMENTS}: they would "
-                       "stay in the old basis at a refresh. Use an inner optimizer whose moments "
-                       "carry these names, or fixed bases.")
-    if source == "first" and not fixed and not first:
-      raise ValueError(f"source='first' needs an inner transformation with a first moment (a field "
-                       f"named one of {FIRST_MOMENTS})")
-    given = (random_bases(bases, plans) if is_key(bases) else given_bases(bases, params, plans)
-             if fixed else None)
-
-    def leaf(i, x, plan):
-      if plan is None:
-        return None
-      cdt = _compute_dtype(x)
-      pieces = []
-      for j, (k, a, b) in enumerate(plan.layout.pieces):
-        eye = lambda d: jnp.broadcast_to(jnp.eye(d, dtype=cdt), (k, d, d))
-        zeros = lambda d: jnp.zeros((k, d, d), cdt)
-        left, right = (eye(a) if plan.left else None), (eye(b) if plan.right else None)
-        if fixed:
-          left, right = given[i][j]
-        piece = RotationPiece(stored(left), stored(right),
-                              stored(zeros(a)) if plan.left and second else None,
-                              stored(zeros(b)) if plan.right and second else None)
-        pieces.append(piece)
-      return tuple(pieces)
-
-    entries = [leaf(i, x, plan) for i, (x, plan) in enumerate(zip(leaves, plans))]
-    mesh = _mesh_of(leaves)
-    if mesh is not None:  # laid out on the parameters' mesh: stacks split along K, the rest whole
-      entries = [None if e is None else jax.tree.map(
-          lambda s: jax.device_put(s, stack_sharding(s.shape, mesh)), e) for e in entries]
-      replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-      # on the mesh, each spec written as an update's outputs write it (P(None,), not P())
-      canonical = lambda x: jax.device_put(x, jax.sharding.NamedSharding(
-          mesh, jax.typeof(x).sharding.spec) if _explicit_axes([x]) else x.sharding)
-      inner_state = jax.tree.map(
-          lambda x: canonical(x) if getattr(x, "sharding", None) is not None and getattr(
-              x.sharding, "mesh", None) == mesh else jax.device_put(x, replicated), inner_state)
-    per_leaf = _per_leaf(params, entries)
-    if type(params).__name__ == "_ParamsPlaceholder":
-      # optax.tree_map_params maps f over the subtrees that its placeholder stands in; the bases
-      # have the parameters' structure but are not parameters (transform_non_params gets them).
-      per_leaf = _NOT_PARAMS
-    count = jnp.zeros([], jnp.int32)
-    if mesh is not None:
-      count = jax.device_put(count, replicated)
-    return BasisRotationState(count, per_leaf, inner_state)
-
-  def statistics(g, sl, sr):
-    """One matrix's second-order statistics L, R (updated every step; lifted with vmap)."""
-    if sl is not None:
-      sl = bs * sl + (1 - bs) * eb.mm(g, g.T, precision)
-    if sr is not None:
-      sr = bs * sr + (1 - bs) * eb.mm(g.T, g, precision)
-    return sl, sr
-
-  def reexpress(mu, ql, qr, new_l, new_r):
-    """The rotated first moment in the new basis: ``U_new^T U_old M~ V_old^T V_new`` (exact)."""
-    if ql is not None:
-      mu = eb.mm(eb.mm(new_l.T, ql), mu)
-    if qr is not None:
-      mu = eb.mm(mu, eb.mm(qr.T, new_r))
-    return mu
-
-  def rotate_second(nu, ql, qr, new_l, new_r):
-    """A second moment's variances in the new basis (``second_moments="rotate"``)."""
-    if ql is not None:
-      nu = eb.mm(jnp.square(eb.mm(new_l.T, ql)), nu)
-    if qr is not None:
-      nu = eb.mm(nu, jnp.square(eb.mm(qr.T, new_r)))
-    return nu
-
-  def guarded(refresh):
-    """``refresh`` (one matrix's ``(g, U, V, L, R, firsts, seconds)`` -> candidate ``(U, V,
-    seconds, rotated gradient)``) made safe: the decompositions only ever see finite input, and
-    the old bases and moments are kept if the input or the result is not finite."""
-
-    def safe(args):
-      g, ql, qr, sl, sr, firsts, seconds = args
-      finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in (g, sl, sr, *firsts)
-                                    if x is not None]))
-      clean = jax.tree.map(lambda x: jnp.where(finite, x, jnp.zeros_like(x)), args)
-      new_l, new_r, new_seconds, g_rot = refresh(clean)
-      new_firsts = tuple(reexpress(m, ql, qr, new_l, new_r) for m in firsts)
-      if second_moments == "rotate":
-        new_seconds = tuple(rotate_second(v, ql, qr, new_l, new_r) for v in seconds)
-      new = (new_l, new_r, new_firsts, new_seconds, g_rot)
-      ok = finite & jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x))
-                                         for x in jax.tree.leaves((new_l, new_r, new_seconds))]))
-      old = (ql, qr, firsts, seconds, _rotate_in(g, ql, qr))
-      return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-
-    return safe
-
-  @guarded
-  def cold(args):
-    """Step 1 for one matrix: bases and rotated gradient from the SVD of ``G`` (exact)."""
-    g, ql, qr, sl, sr, firsts, seconds = args
-    if ql is not None and qr is not None:  # both complete bases: U (m, m), V (n, n)
-      u, s, vt = jnp.linalg.svd(g, full_matrices=True)
-      k = s.shape[0]
-      g_rot = jnp.zeros(g.shape, g.dtype).at[jnp.arange(k), jnp.arange(k)].set(s)
-      return u, vt.T, seconds, g_rot
-    # One side: it is the shorter one (unilateral geometry picks it; a side left unrotated by
-    # max_precond_dim is the longer one), so the thin SVD already holds its complete basis.
-    u, s, vt = jnp.linalg.svd(g, full_matrices=False)
-    if ql is not None:
-      return u, None, seconds, s[:, None] * vt  # U^T G = S V^T
-    return None, vt.T, seconds, u * s[None, :]  # G V = U S
-
-  @guarded
-  def warm(args):
-    """A warm refresh of one matrix: sort, permute the second moments, one orthogonal-iteration
-    step."""
-    g, ql, qr, sl, sr, firsts, seconds = args
-    if second:
-      new_l, new_r, new_seconds = ql, qr, seconds
-      if ql is not None:
-        new_l, new_seconds = eb.warm_refresh_second(ql, sl, new_seconds, axis=0, method=orthonormalization)
-      if qr is not None:
-        new_r, new_seconds = eb.warm_refresh_second(qr, sr, new_seconds, axis=1, method=orthonormalization)
-    else:
-      look_ahead = b1 * _rotate_out(firsts[0], ql, qr) + (1 - b1) * g
-      new_l, new_r, new_seconds = eb.first_order_bases(look_ahead, ql, qr, seconds, first_order_step,
-                                                       orthonormalization)
-    return new_l, new_r, new_seconds, _rotate_in(g, new_l, new_r)
-
-  def rotate_in(count, items, together):
-    """Statistics, refresh and rotation in for every rotated leaf at once. ``items``: per leaf
-    ``(plan, pieces, g, firsts, seconds, period, offset)``. Returns per leaf the rotated gradient
-    (the leaf's layout), the new pieces and the re-expressed moments (compute dtype).
-
-    The pieces of all leaves are one list: those of equal shapes run as one stack when
-    ``together`` (``_stack``), and the leaves sharing a refresh schedule share one
-    ``lax.switch``, so a model of many small kernels costs a few large ops, not many small ones."""
-    args, owners = [], []
-    for n, (plan, pieces, g, firsts, seconds, _, _) in enumerate(items):
-      cdt = _compute_dtype(g)
-      cut = lambda x, lay=plan.layout, cdt=cdt: dims.to_pieces(x.astype(cdt), lay)
-      up = lambda x, cdt=cdt: None if x is None else x.astype(cdt)
-      gp, fp, sp = cut(g), [cut(f) for f in firsts], [cut(s) for s in seconds]
-      for j, piece in enumerate(pieces):
-        args.append((gp[j], up(piece.left), up(piece.right), up(piece.stat_left), up(piece.stat_right),
-                     tuple(f[j] for f in fp), tuple(s[j] for s in sp)))
-        owners.append(n)
-    with_stats = lambda a: a[:3] + tuple(jax.vmap(statistics)(a[0], a[3], a[4])) + a[5:]
-    rot_in = jax.vmap(lambda g, ql, qr: _rotate_in(g, ql, qr, precision))
-    keep = lambda a: (a[1], a[2], a[5], a[6], rot_in(a[0], a[1], a[2]))
-    batched = jax.default_backend() != "cpu" if batch_refresh is None else batch_refresh
-    each = jax.vmap if batched else (lambda f: lambda a: jax.lax.map(f, a))
-    outs, stats = [None] * len(args), [None] * len(args)
-    schedules = {}  # (period, offset) -> pieces; a traced period (inject_hyperparams) by identity
-    for k, n in enumerate(owners):
-      key = tuple(x if isinstance(x, int) else id(x) for x in items[n][5:])
-      schedules.setdefault(key, (items[n][5:], []))[1].append(k)
-    for (period, offset), ks in schedules.values():
-      # stacked once: the statistics, the switch and its results run on a few stacks, not on every
-      # piece (XLA copies each result that a branch passes through unchanged)
-      stacks, split = _stack([args[k] for k in ks], together)
-      stacks = [with_stats(x) for x in stacks]
-      if fixed:
-        got = split([keep(x) for x in stacks])
-      else:
-        warm_now = (count > 1) & ((count - offset) % period == 0)
-        if freeze_after is not None:
-          warm_now = warm_now & (count <= freeze_after)
-        branch = jnp.where(count == 1, 1, jnp.where(warm_now, 2, 0))
-        got = split(jax.lax.switch(branch, [lambda st: [keep(x) for x in st],
-                                            lambda st: [each(cold)(x) for x in st],
-                                            lambda st: [each(warm)(x) for x in st]], stacks))
-      for k, o, st in zip(ks, got, split([x[3:5] for x in stacks])):
-        outs[k], stats[k] = o, st
-    results = []
-    for n, (plan, pieces, _, firsts, seconds, _, _) in enumerate(items):
-      s_n, o_n = _owned(stats, owners, n), _owned(outs, owners, n)
-      new_pieces = tuple(
-          RotationPiece(stored(ql, piece.left.dtype if ql is not None else None),
-                        stored(qr, piece.right.dtype if qr is not None else None),
-                        stored(sl, piece.stat_left.dtype if sl is not None else None),
-                        stored(sr, piece.stat_right.dtype if sr is not None else None))
-          for piece, (sl, sr), (ql, qr, _, _, _) in zip(pieces, s_n, o_n))
-      join = lambda parts, lay=plan.layout: dims.from_pieces(parts, lay)
-      results.append((join([o[4] for o in o_n]), new_pieces,
-                      [join([o[2][k] for o in o_n]) for k in range(len(firsts))],
-                      [join([o[3][k] for o in o_n]) for k in range(len(seconds))]))
-    return results
+    return init(params, inner, opts, weight_dimension_numbers, bases)
 
   def update_fn(updates, state, params=None, **extra_args):
     del params
-    axes = _explicit_axes(updates)
+    step = lambda u, s: update(u, s, inner, opts, weight_dimension_numbers, refresh_every, **extra_args)
+    axes = explicit_axes(updates)
     if not axes:
-      return update(updates, state, **extra_args)
+      return step(updates, state)
     # Under a mesh with explicit axes (jax.make_mesh's default) every op would need its output
     # sharding spelled out; the update runs with those axes automatic instead, and its outputs are
     # laid out exactly as its inputs (the updates like the gradients, the state as it came).
     shardings = jax.tree.map(lambda x: jax.typeof(x).sharding, (updates, state))
-    return jax.sharding.auto_axes(lambda u, s: update(u, s, **extra_args), axes=axes,
-                                  out_sharding=shardings)(updates, state)
-
-  def update(updates, state, **extra_args):
-    plans = state_plans(updates, weight_dimension_numbers, state.bases)
-    leaves, treedef = jax.tree.flatten(updates)
-    entries = _bases_leaves(state.bases, updates)
-    count = optax.safe_int32_increment(state.count)
-    first, second_, _ = moment_fields(state.inner_state, updates)
-    values = {path: treedef.flatten_up_to(_at(state.inner_state, path)) for path in first + second_}
-    leaf_periods = periods(refresh_every, updates)
-    n_rotated = sum(p is not None for p in plans)
-    # on one device the same-shape pieces of all leaves run as one stack; on several, each leaf's
-    # stacks keep their own layout (a concatenation would move them between devices)
-    together = jax.device_count() == 1
-    rotated = [g.astype(_compute_dtype(g)) for g in leaves]
-    new_entries = list(entries)
-    idx = [i for i, plan in enumerate(plans) if plan is not None]
-    items = [(plans[i], entries[i], leaves[i], [values[p][i] for p in first], [values[p][i] for p in second_],
-              leaf_periods[i], plans[i].rank * leaf_periods[i] // n_rotated if stagger else 0) for i in idx]
-    for i, (g_rot, pieces, new_f, new_s) in zip(idx, rotate_in(count, items, together) if items else []):
-      rotated[i], new_entries[i] = g_rot, pieces
-      for p, v in zip(first + second_, new_f + new_s):
-        values[p][i] = v.astype(values[p][i].dtype)
-    inner_state = state.inner_state
-    for path, vals in values.items():
-      inner_state = _replace_at(inner_state, path, treedef.unflatten(vals))
-    new_updates, inner_state = inner.update(treedef.unflatten(rotated), inner_state, None, **extra_args)
-    rot_out = jax.vmap(lambda a: _rotate_out(*a, precision))
-    parts, owners = [], []
-    for n, (g, u, plan, pieces) in enumerate(zip(leaves, treedef.flatten_up_to(new_updates), plans,
-                                                new_entries)):
-      if plan is not None:
-        cdt = _compute_dtype(g)
-        up = lambda x, cdt=cdt: None if x is None else x.astype(cdt)
-        for p, pc in zip(dims.to_pieces(u.astype(cdt), plan.layout), pieces):
-          parts.append((p, up(pc.left), up(pc.right)))
-          owners.append(n)
-    rotated_out = _batched(rot_out, parts, together)
-    out = []
-    for n, (g, u, plan) in enumerate(zip(leaves, treedef.flatten_up_to(new_updates), plans)):
-      if plan is not None:
-        u = dims.from_pieces(_owned(rotated_out, owners, n), plan.layout)
-      out.append(u.astype(g.dtype))
-    new_bases = _per_leaf(updates, new_entries)
-    return treedef.unflatten(out), BasisRotationState(count, new_bases, inner_state)
+    return jax.sharding.auto_axes(step, axes=axes, out_sharding=shardings)(updates, state)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _stack(arg_list, together: bool) -> tuple[list, Callable]:
-  """``(stacks, split)``: when ``together``, the elements of ``arg_list`` of equal structure,
-  trailing shapes and dtypes concatenated into one stack each (otherwise each element its own), and
-  ``split``, which takes per-stack results (K-stacked like their stack) back to one per element."""
-  if not together:
-    return list(arg_list), list
-  groups = {}
-  for i, a in enumerate(arg_list):
-    sig = (jax.tree.structure(a), tuple((x.shape[1:], x.dtype) for x in jax.tree.leaves(a)))
-    groups.setdefault(sig, []).append(i)
-  members = list(groups.values())
-  stacks = [arg_list[m[0]] if len(m) == 1 else
-            jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *[arg_list[i] for i in m]) for m in members]
-
-  def split(results):
-    out = [None] * len(arg_list)
-    for m, res in zip(members, results):
-      start = 0
-      for i in m:
-        k = jax.tree.leaves(arg_list[i])[0].shape[0]
-        out[i] = res if len(m) == 1 else jax.tree.map(lambda x, start=start, k=k: x[start:start + k], res)
-        start += k
-    return out
-
-  return stacks, split
+def _stored(x, opts: Options, like=None):
+  """``x`` in its storage dtype: ``precond_dtype``, else ``like``, else its own."""
+  return None if x is None else x.astype(opts.precond_dtype or like or x.dtype)
 
 
-def _batched(fn, arg_list, together: bool) -> list:
-  """``fn`` (a function of K-stacked arguments whose outputs are K-stacked) on each element of
-  ``arg_list``; when ``together``, the elements of equal structure, trailing shapes and dtypes run
-  as one concatenated stack, split back afterwards (the same numbers per matrix, fewer ops)."""
-  stacks, split = _stack(arg_list, together)
-  return split([fn(x) for x in stacks])
+def init(params, inner, opts: Options, weight_dimension_numbers, bases) -> BasisRotationState:
+  """The initial state: identity (or given) bases, zero statistics, ``inner``'s state over
+  parameter-shaped zeros; on the parameters' mesh when they are sharded."""
+  check_float_leaves(params)
+  if not opts.fixed and jax.default_backend() == "cpu":
+    threads.limit_lapack_threads()  # the refreshes' LAPACK single-threaded; see rotation.threads
+  try:
+    block = static_int("block_size", opts.block_size, 1, none_ok=True)
+    max_dim = static_int("max_precond_dim", opts.max_precond_dim, 0, none_ok=True)
+  except ValueError as e:
+    raise ValueError(f"{e} (init needs it concrete: under optax.inject_hyperparams, initialise "
+                     "outside jit or list it in static_args)") from None
+  plans = leaf_plans(params, weight_dimension_numbers, opts.geometry, max_dim, block)
+  leaves, treedef = jax.tree.flatten(params)
+  template = treedef.unflatten([jnp.zeros_like(x, dtype=compute_dtype(x)) for x in leaves])
+  inner_state = inner.init(template)
+  first, _, other = moment_fields(inner_state, template)
+  if other and not opts.fixed and any(p is not None for p in plans):
+    names = ", ".join(f"{jax.tree_util.keystr(p)} ({n or 'unnamed'})" for p, n in other)
+    raise ValueError(f"inner state field(s) {names} are shaped like the parameters but are neither "
+                     f"first moments {FIRST_MOMENTS} nor second moments {SECOND_MOMENTS}: they would "
+                     "stay in the old basis at a refresh. Use an inner optimizer whose moments "
+                     "carry these names, or fixed bases.")
+  if opts.source == "first" and not opts.fixed and not first:
+    raise ValueError(f"source='first' needs an inner transformation with a first moment (a field "
+                     f"named one of {FIRST_MOMENTS})")
+  given = (random_bases(bases, plans) if is_key(bases) else given_bases(bases, params, plans)
+           if opts.fixed else None)
+  entries = [None if plan is None else _initial_pieces(x, plan, opts, given and given[i])
+             for i, (x, plan) in enumerate(zip(leaves, plans))]
+  mesh = mesh_of(leaves)
+  if mesh is not None:  # laid out on the parameters' mesh: stacks split along K, the rest whole
+    entries = [None if e is None else jax.tree.map(
+        lambda s: jax.device_put(s, stack_sharding(s.shape, mesh)), e) for e in entries]
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    # on the mesh, each spec written as an update's outputs write it (P(None,), not P())
+    canonical = lambda x: jax.device_put(x, jax.sharding.NamedSharding(
+        mesh, jax.typeof(x).sharding.spec) if explicit_axes([x]) else x.sharding)
+    inner_state = jax.tree.map(
+        lambda x: canonical(x) if getattr(x, "sharding", None) is not None and getattr(
+            x.sharding, "mesh", None) == mesh else jax.device_put(x, replicated), inner_state)
+  tree = per_leaf(params, entries)
+  if type(params).__name__ == "_ParamsPlaceholder":  # optax.tree_map_params' stand-in
+    tree = _NOT_PARAMS
+  count = jnp.zeros([], jnp.int32)
+  if mesh is not None:
+    count = jax.device_put(count, replicated)
+  return BasisRotationState(count, tree, inner_state)
 
 
-def _owned(values, owners, n) -> list:
-  """The elements of ``values`` whose owner (the parallel list ``owners``) is ``n``, in order."""
-  return [v for v, o in zip(values, owners) if o == n]
+def _initial_pieces(x, plan, opts: Options, given) -> tuple:
+  """One rotated leaf's pieces at init: identity bases (or the given ones) and zero statistics."""
+  cdt = compute_dtype(x)
+  pieces = []
+  for j, (k, a, b) in enumerate(plan.layout.pieces):
+    eye = lambda d: jnp.broadcast_to(jnp.eye(d, dtype=cdt), (k, d, d))
+    zeros = lambda d: jnp.zeros((k, d, d), cdt)
+    left, right = (eye(a) if plan.left else None), (eye(b) if plan.right else None)
+    if opts.fixed:
+      left, right = given[j]
+    pieces.append(RotationPiece(_stored(left, opts), _stored(right, opts),
+                                _stored(zeros(a), opts) if plan.left and opts.second else None,
+                                _stored(zeros(b), opts) if plan.right and opts.second else None))
+  return tuple(pieces)
 
 
-_NOT_PARAMS = type("NotParams", (), {"__repr__": lambda self: "NotParams"})()
+def _piece_args(items) -> tuple[list, list]:
+  """Per piece of every rotated leaf ``(g, U, V, L, R, firsts, seconds)`` in the compute dtype, and
+  the index of the leaf that owns it."""
+  args, owners = [], []
+  for n, (plan, pieces, g, firsts, seconds, _, _) in enumerate(items):
+    cdt = compute_dtype(g)
+    cut = lambda x, lay=plan.layout, cdt=cdt: dims.to_pieces(x.astype(cdt), lay)
+    up = lambda x, cdt=cdt: None if x is None else x.astype(cdt)
+    gp, fp, sp = cut(g), [cut(f) for f in firsts], [cut(s) for s in seconds]
+    for j, piece in enumerate(pieces):
+      args.append((gp[j], up(piece.left), up(piece.right), up(piece.stat_left), up(piece.stat_right),
+                   tuple(f[j] for f in fp), tuple(s[j] for s in sp)))
+      owners.append(n)
+  return args, owners
 
 
-def _explicit_axes(tree) -> tuple:
-  """The mesh axes of explicit type that ``tree``'s arrays are typed with (sharding in types)."""
-  for x in jax.tree.leaves(tree):
-    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
-    types = getattr(mesh, "axis_types", None)
-    if types:
-      return tuple(n for n, t in zip(mesh.axis_names, types) if t == jax.sharding.AxisType.Explicit)
-  return ()
+def refresh_and_rotate(count, items, together: bool, opts: Options) -> list:
+  """Statistics, refresh and rotation in for every rotated leaf at once. ``items``: per leaf
+  ``(plan, pieces, g, firsts, seconds, period, offset)``. Returns per leaf the rotated gradient
+  (the leaf's layout), the new pieces and the re-expressed moments (compute dtype).
 
-
-def _at(tree, path):
-  for key in path:
-    if isinstance(key, jax.tree_util.GetAttrKey):
-      tree = getattr(tree, key.name)
-    elif isinstance(key, jax.tree_util.SequenceKey):
-      tree = tree[key.idx]
+  The pieces of all leaves are one list: those of equal shapes run as one stack when
+  ``together`` (``rotation.stacks``), and the leaves sharing a refresh schedule share one
+  ``lax.switch``, so a model of many small kernels costs a few large ops, not many small ones."""
+  args, owners = _piece_args(items)
+  stats_of = jax.vmap(lambda g, sl, sr: mx.statistics(g, sl, sr, opts.decay, opts.precision))
+  with_stats = lambda a: a[:3] + tuple(stats_of(a[0], a[3], a[4])) + a[5:]
+  batched_refresh = jax.default_backend() != "cpu" if opts.batch_refresh is None else opts.batch_refresh
+  each = jax.vmap if batched_refresh else (lambda f: lambda a: jax.lax.map(f, a))
+  cold = each(lambda a: mx.cold(a, opts))
+  warm = each(lambda a: mx.warm(a, opts))
+  keep = lambda a: mx.keep(a, opts.precision)
+  outs, stats = [None] * len(args), [None] * len(args)
+  schedules = {}  # (period, offset) -> pieces; a traced period (inject_hyperparams) by identity
+  for k, n in enumerate(owners):
+    key = tuple(x if isinstance(x, int) else id(x) for x in items[n][5:])
+    schedules.setdefault(key, (items[n][5:], []))[1].append(k)
+  for (period, offset), ks in schedules.values():
+    # stacked once: the statistics, the switch and its results run on a few stacks, not on every
+    # piece (XLA copies each result that a branch passes through unchanged)
+    stacks, split = stack([args[k] for k in ks], together)
+    stacks = [with_stats(x) for x in stacks]
+    if opts.fixed:
+      got = split([keep(x) for x in stacks])
     else:
-      tree = tree[key.key]
-  return tree
+      warm_now = (count > 1) & ((count - offset) % period == 0)
+      if opts.freeze_after is not None:
+        warm_now = warm_now & (count <= opts.freeze_after)
+      branch = jnp.where(count == 1, 1, jnp.where(warm_now, 2, 0))
+      got = split(jax.lax.switch(branch, [lambda st: [keep(x) for x in st],
+                                          lambda st: [cold(x) for x in st],
+                                          lambda st: [warm(x) for x in st]], stacks))
+    for k, o, st in zip(ks, got, split([x[3:5] for x in stacks])):
+      outs[k], stats[k] = o, st
+  results = []
+  for n, (plan, pieces, _, firsts, seconds, _, _) in enumerate(items):
+    s_n, o_n = owned(stats, owners, n), owned(outs, owners, n)
+    new_pieces = tuple(
+        RotationPiece(_stored(ql, opts, piece.left.dtype if ql is not None else None),
+                      _stored(qr, opts, piece.right.dtype if qr is not None else None),
+                      _stored(sl, opts, piece.stat_left.dtype if sl is not None else None),
+                      _stored(sr, opts, piece.stat_right.dtype if sr is not None else None))
+        for piece, (sl, sr), (ql, qr, _, _, _) in zip(pieces, s_n, o_n))
+    join = lambda parts, lay=plan.layout: dims.from_pieces(parts, lay)
+    results.append((join([o[4] for o in o_n]), new_pieces,
+                    [join([o[2][k] for o in o_n]) for k in range(len(firsts))],
+                    [join([o[3][k] for o in o_n]) for k in range(len(seconds))]))
+  return results
 
 
-def _mesh_of(leaves):
-  """The mesh of the first concrete parameter sharded by ``NamedSharding`` over several devices
-  (an eager ``init`` of sharded parameters, what ``nnx.Optimizer`` does), else ``None``."""
-  for x in leaves:
-    sharding = getattr(x, "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding) and not isinstance(x, jax.core.Tracer) \
-        and len(sharding.mesh.devices.flat) > 1:
-      return sharding.mesh
-  return None
+def update(updates, state, inner, opts: Options, weight_dimension_numbers, refresh_every, **extra_args):
+  """One step: statistics and refreshes, the gradients rotated in, ``inner`` on them, the update
+  rotated back; returns ``(updates, new state)``."""
+  plans = state_plans(updates, weight_dimension_numbers, state.bases)
+  leaves, treedef = jax.tree.flatten(updates)
+  entries = bases_leaves(state.bases, updates)
+  count = optax.safe_int32_increment(state.count)
+  first, second, _ = moment_fields(state.inner_state, updates)
+  values = {path: treedef.flatten_up_to(at(state.inner_state, path)) for path in first + second}
+  leaf_periods = periods(refresh_every, updates)
+  n_rotated = sum(p is not None for p in plans)
+  # on one device the same-shape pieces of all leaves run as one stack; on several, each leaf's
+  # stacks keep their own layout (a concatenation would move them between devices)
+  together = jax.device_count() == 1
+  rotated = [g.astype(compute_dtype(g)) for g in leaves]
+  new_entries = list(entries)
+  idx = [i for i, plan in enumerate(plans) if plan is not None]
+  offset = lambda i: plans[i].rank * leaf_periods[i] // n_rotated if opts.stagger else 0
+  items = [(plans[i], entries[i], leaves[i], [values[p][i] for p in first], [values[p][i] for p in second],
+            leaf_periods[i], offset(i)) for i in idx]
+  for i, (g_rot, pieces, new_f, new_s) in zip(idx, refresh_and_rotate(count, items, together, opts)
+                                               if items else []):
+    rotated[i], new_entries[i] = g_rot, pieces
+    for p, v in zip(first + second, new_f + new_s):
+      values[p][i] = v.astype(values[p][i].dtype)
+  inner_state = state.inner_state
+  for path, vals in values.items():
+    inner_state = replace_at(inner_state, path, treedef.unflatten(vals))
+  new_updates, inner_state = inner.update(treedef.unflatten(rotated), inner_state, None, **extra_args)
+  out = _rotate_back(leaves, treedef.flatten_up_to(new_updates), plans, new_entries, together, opts)
+  return treedef.unflatten(out), BasisRotationState(count, per_leaf(updates, new_entries), inner_state)
 
 
-def stack_sharding(shape, mesh) -> jax.sharding.NamedSharding:
-  """The sharding of a (K, a, a) stack of bases or statistics on ``mesh``: K split over the mesh
-  axes (largest first) whose sizes multiply to a divisor of K, and the rows over the axes left
-  whose sizes divide ``a`` (a leaf of few matrices, as a single large one, is still split)."""
-  free = sorted((n for n in mesh.axis_names if mesh.shape[n] > 1), key=lambda n: -mesh.shape[n])
-  spec = []
-  for dim in shape[:2]:
-    axes, size = [], 1
-    for name in list(free):
-      if dim % (size * mesh.shape[name]) == 0:
-        axes.append(name)
-        size *= mesh.shape[name]
-        free.remove(name)
-    spec.append(tuple(axes) if len(axes) > 1 else axes[0] if axes else None)
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec, *([None] * (len(shape) - 2))))
+def _rotate_back(leaves, inner_updates, plans, entries, together: bool, opts: Options) -> list:
+  """Each rotated leaf's inner update rotated back, ``U u V^T``; every leaf in its gradient's dtype."""
+  rot_out = jax.vmap(lambda a: mx.rotate_out(*a, opts.precision))
+  parts, owners = [], []
+  for n, (g, u, plan, pieces) in enumerate(zip(leaves, inner_updates, plans, entries)):
+    if plan is not None:
+      cdt = compute_dtype(g)
+      up = lambda x, cdt=cdt: None if x is None else x.astype(cdt)
+      for p, pc in zip(dims.to_pieces(u.astype(cdt), plan.layout), pieces):
+        parts.append((p, up(pc.left), up(pc.right)))
+        owners.append(n)
+  rotated_out = batched(rot_out, parts, together)
+  out = []
+  for n, (g, u, plan) in enumerate(zip(leaves, inner_updates, plans)):
+    if plan is not None:
+      u = dims.from_pieces(owned(rotated_out, owners, n), plan.layout)
+    out.append(u.astype(g.dtype))
+  return out
 
 
 def basis_rotation(
@@ -789,67 +451,25 @@ def basis_rotation(
 
   Args:
     learning_rate: a float or an optax schedule.
-    b1: first-moment decay.
-    b2: second-moment decay.
-    eps: Adam epsilon.
-    eps_root: Adam epsilon inside the square root.
-    mu_dtype: dtype of the first moment (``None``: float32).
+    b1, b2, eps, eps_root, mu_dtype: the inner Adam's, as in ``optax.adamw``.
     weight_decay: decoupled weight decay (``W <- W - lr * wd * W``).
     mask: which leaves are decayed (``optax.add_decayed_weights``' mask: a tree of bools or a
       callable of the parameters; ``None``: all).
-    weight_dimension_numbers: which leaves are rotated, as which matrices; see
-      ``scale_by_basis_rotation``.
-    source: ``"second"`` or ``"first"``; see ``scale_by_basis_rotation``.
-    geometry: ``"bilateral"`` or ``"unilateral"``.
-    refresh_every: basis refresh period, an int or a pytree prefix of ints.
-    shampoo_beta: decay of the second-order statistics (default ``b2``).
-    block_size: rotated sides longer than this are cut into blocks (``None``: never).
-    max_precond_dim: sides longer than this are not rotated (``None``: no limit).
-    precond_dtype: storage dtype of the statistics and bases.
-    precision: precision of the per-step matmuls.
-    first_order_step: ``"paper"`` or ``"power"``; see ``scale_by_basis_rotation``.
-    stagger: spread the refreshes of different leaves over the period.
-    orthonormalization: ``"qr"`` or ``"cholesky_qr"``.
-    batch_refresh: batch the refresh of a piece's matrices.
-    bases: fixed bases instead of estimated ones.
-    freeze_after: last step with a warm refresh (``None``: every period).
-    second_moments: ``"permute"`` or ``"rotate"``; see ``scale_by_basis_rotation``.
+    The keyword-only options are ``scale_by_basis_rotation``'s, documented there. They are spelled
+    out here (not passed as ``**kwargs``) so that ``optax.inject_hyperparams`` sees every one.
 
   Returns:
     The chained ``optax.GradientTransformationExtraArgs``.
   """
-  _check_learning_rate(learning_rate)
+  check_learning_rate(learning_rate)
+  options = dict(weight_dimension_numbers=weight_dimension_numbers, source=source, geometry=geometry,
+                 refresh_every=refresh_every, shampoo_beta=shampoo_beta, block_size=block_size,
+                 max_precond_dim=max_precond_dim, precond_dtype=precond_dtype, precision=precision,
+                 first_order_step=first_order_step, stagger=stagger,
+                 orthonormalization=orthonormalization, batch_refresh=batch_refresh, bases=bases,
+                 freeze_after=freeze_after, second_moments=second_moments)
   return optax.chain(
-      scale_by_basis_rotation(weight_dimension_numbers=weight_dimension_numbers, source=source,
-                              geometry=geometry, refresh_every=refresh_every, b1=b1, b2=b2, eps=eps,
-                              eps_root=eps_root, mu_dtype=mu_dtype, shampoo_beta=shampoo_beta,
-                              block_size=block_size, max_precond_dim=max_precond_dim,
-                              precond_dtype=precond_dtype, precision=precision,
-                              first_order_step=first_order_step, stagger=stagger,
-                              orthonormalization=orthonormalization, batch_refresh=batch_refresh,
-                              bases=bases, freeze_after=freeze_after, second_moments=second_moments),
+      scale_by_basis_rotation(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, **options),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
   )
-
-
-def leaf_bases(state, params):
-  """Per-leaf bases of a ``BasisRotationState`` (or of the first one in a chain's state):
-  ``(U, V)`` for a leaf that is one matrix (no batch axes, one block), otherwise a tuple of
-  ``(U, V)`` stacks ``(K, a, a)``, one per piece (``rotation.dims``); ``None`` for a plain
-  leaf and for an unrotated side. A host-side utility for diagnostics and tests."""
-  if not isinstance(state, BasisRotationState):  # a chain's state: its (first) rotation's
-    found = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, BasisRotationState))
-             if isinstance(x, BasisRotationState)]
-    if not found:
-      raise ValueError("leaf_bases: the state holds no BasisRotationState")
-    state = found[0]
-  out = []
-  for pieces in _bases_leaves(state.bases, params):
-    if pieces is None:
-      out.append(None)
-      continue
-    pairs = tuple((p.left, p.right) for p in pieces)
-    one = len(pieces) == 1 and next(x for x in pairs[0] if x is not None).shape[0] == 1
-    out.append(tuple(None if q is None else q[0] for q in pairs[0]) if one else pairs)
-  return _per_leaf(params, out)
