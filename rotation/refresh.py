@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rotation.options import check_decay, concrete
+
 ALLOCATIONS = ("uniform", "proportional", "reverse")
 
 
@@ -71,15 +73,16 @@ def stage_aware_decay(delays: Sequence[int], shampoo_beta: float = 0.999,
 
   Args:
     delays: per-stage delays ``tau_k >= 0`` (for example ``pipeline_sim.stage_delays(P)``).
-    shampoo_beta: the base decay in (0, 1), an undelayed stage's; its memory is ``1 / (1 - beta)``.
+    shampoo_beta: the base decay in [0, 1), an undelayed stage's; its memory is ``1 / (1 - beta)``.
     min_memory: the shortest memory in steps (>= 1; default 10, one default refresh period).
 
   Returns:
     One decay per stage, ``1 - (1 + tau_k) / M`` with ``M = 1 / (1 - shampoo_beta)``, no shorter
     than ``min_memory`` steps (and never longer than the base).
   """
-  if isinstance(shampoo_beta, bool) or not isinstance(shampoo_beta, (int, float)) or not 0 < shampoo_beta < 1:
-    raise ValueError(f"shampoo_beta must be a number in (0, 1), got {shampoo_beta!r}")
+  if isinstance(shampoo_beta, bool) or concrete("shampoo_beta", shampoo_beta) is None:
+    raise ValueError(f"shampoo_beta must be a number known here, got {shampoo_beta!r}")
+  check_decay("shampoo_beta", shampoo_beta)  # [0, 1), as everywhere a decay is given
   base = 1.0 / (1.0 - shampoo_beta)
   if not isinstance(min_memory, (int, float)) or isinstance(min_memory, bool) or not 1 <= min_memory:
     raise ValueError(f"min_memory must be a number >= 1 (steps), got {min_memory!r}")

@@ -47,7 +47,7 @@ def test_stage_aware_decay_shortens_each_memory_by_its_delay():
 
 
 @pytest.mark.parametrize("args,match", [
-    (([1, 0], 1.0), "shampoo_beta must be a number in \\(0, 1\\), got 1.0"),
+    (([1, 0], 1.0), "shampoo_beta must be in \\[0, 1\\), got 1.0"),
     (([1, 0], 0.99, 0.5), "min_memory must be a number >= 1 \\(steps\\), got 0.5"),
     (([1, -1], 0.99), "delays must be"),
 ])
