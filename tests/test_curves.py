@@ -1,7 +1,6 @@
-"""experiments/report/curves.py: the committed curves round-trip, long runs as block means, older gzip
-files."""
+"""experiments/report/curves.py: the committed curves round-trip, long runs as block means, the same
+content as the same bytes."""
 
-import gzip
 import json
 
 import numpy as np
@@ -48,10 +47,8 @@ def test_a_long_run_is_stored_as_block_means_repeated_back_to_one_loss_per_step(
   assert stored["loss_every"] == 3 and stored["losses_int32"] == len(rec["losses"])  # blocks again
 
 
-def test_an_older_gzip_study_still_reads_and_the_file_is_byte_identical_per_content(tmp_path):
+def test_the_file_is_byte_identical_per_content(tmp_path):
   data = {"meta": {"window": 5}, "runs": [curves.record("main", _result([2.0, 1.5]))]}
-  (tmp_path / curves.LEGACY).write_bytes(gzip.compress(json.dumps(data).encode(), mtime=0))
-  assert curves.read(tmp_path)["runs"][0]["losses"] == [2.0, 1.5]
   curves.write(tmp_path / "a.xz", data["meta"], data["runs"])
   curves.write(tmp_path / "b.xz", data["meta"], data["runs"])
   assert (tmp_path / "a.xz").read_bytes() == (tmp_path / "b.xz").read_bytes()

@@ -18,12 +18,11 @@ xz compresses about 10% better: about 4 KB per 2,400-step run. A run whose losse
 values keeps them in the JSON.
 ``read`` marks a run stored as block means with ``stored_every`` (the block), so that ``write``, and
 hence ``merge`` and ``--add``, store it as those blocks again rather than as the repeated values.
-``read`` also reads files whose losses are all in the JSON, and the older ``curves.json.gz``.
+``read`` also reads files whose losses are all in the JSON.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import lzma
 import math
@@ -34,7 +33,6 @@ import numpy as np
 from experiments.harness.config import OPTIONAL_FIELDS
 
 FILE = "curves.json.xz"
-LEGACY = "curves.json.gz"  # the same content, gzip-compressed (studies written before December 2026)
 DECIMALS = 5  # validation losses
 LOSS_DECIMALS = 4  # training losses
 MAX_POINTS = 2400
@@ -123,13 +121,13 @@ def read(path: pathlib.Path) -> dict:
   (never credited, ``metrics.credited``) and block means repeated to one loss per step."""
   path = pathlib.Path(path)
   if path.is_dir():
-    path = path / FILE if (path / FILE).is_file() or not (path / LEGACY).is_file() else path / LEGACY
+    path = path / FILE
   if not path.is_file():
     raise FileNotFoundError(f"{str(path)!r} does not exist: give a folder holding {FILE} (a sweep's "
                             "--out or a docs/results folder) or the file itself")
   raw = path.read_bytes()
   try:
-    content = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else lzma.decompress(raw)
+    content = lzma.decompress(raw)
     text, _, blob = content.partition(b"\n")
     data = json.loads(text)
     scale = data.pop("loss_scale", 10**5)
@@ -154,7 +152,7 @@ def read(path: pathlib.Path) -> dict:
         r["losses"] = np.repeat(r["losses"], every)[:r.pop("num_losses")].tolist()
         r["stored_every"] = every  # ``write`` stores the run as these block means again
   except (lzma.LZMAError, OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as e:
-    # (a truncated or foreign file, or JSON without the runs: gzip raises OSError/EOFError, JSON
+    # (a truncated or foreign file, or JSON without the runs: xz raises LZMAError/EOFError, JSON
     # ValueError, a missing field KeyError)
     raise ValueError(f"{str(path)!r} is not a readable curves file ({type(e).__name__}: {e}); "
                      f"rewrite it from its runs (a sweep writes {FILE} into its --out folder)") from e
