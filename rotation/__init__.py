@@ -10,14 +10,21 @@ from rotation.dims import (
 )
 from rotation.eigenbasis import eigh_descending
 from rotation.moments import FIRST_MOMENTS, SECOND_MOMENTS
-from rotation.options import DEFAULT_BLOCK_SIZE, FIRST_ORDER_STEPS, GEOMETRIES, SECOND_MOMENT_RULES, SOURCES
+from rotation.options import (
+    DEFAULT_BLOCK_SIZE,
+    FIRST_ORDER_STEPS,
+    GEOMETRIES,
+    SECOND_MOMENT_RULES,
+    SOURCES,
+    Ablation,
+)
 from rotation.refresh import ALLOCATIONS, refresh_budget, stage_aware_decay, stage_aware_refresh
 from rotation.sharding import state_sharding
 from rotation.state import BasisRotationState, RotationPiece, leaf_bases
 from rotation.transform import basis_rotation, scale_by_basis_rotation
 
 __all__ = [
-    "ALLOCATIONS", "ATTENTION_OUT", "ATTENTION_QKV", "DEFAULT_BLOCK_SIZE", "FIRST_MOMENTS",
+    "ALLOCATIONS", "Ablation", "ATTENTION_OUT", "ATTENTION_QKV", "DEFAULT_BLOCK_SIZE", "FIRST_MOMENTS",
     "FIRST_ORDER_STEPS", "GEOMETRIES", "LINEAR", "SECOND_MOMENT_RULES", "SECOND_MOMENTS", "SOURCES",
     "BasisRotationState",
     "RotationDimensionNumbers", "RotationPiece", "basis_rotation", "eigh_descending", "leaf_bases",

@@ -71,6 +71,33 @@ def _choice(name: str, value, choices) -> str:
   return value
 
 
+class Ablation(NamedTuple):
+  """Departures from the paper's method that only the mechanism's ablations use, grouped so that the
+  method's own signature holds the method (``scale_by_basis_rotation(ablation=Ablation(...))``).
+
+  Attributes:
+    bases: ``None`` (estimate the bases, the paper's method) or *fixed* bases: a pytree with the
+      parameters' structure holding, per rotated leaf of one block, ``(U, V)`` (``(a, a)``, or
+      ``(K, a, a)`` for a stack; ``None`` for a side that is not rotated). The bases are then never
+      refreshed and no statistics are kept: Adam in a given basis. A PRNG key
+      (``jax.random.key(seed)``) draws random orthogonal (Haar) bases for every rotated side.
+    freeze_after: ``None`` (refresh for ever) or a step count: no warm refresh after it, so the
+      bases estimated by then stay frozen (the statistics are still kept).
+  """
+
+  bases: Any = None
+  freeze_after: int | None = None
+
+
+def check_ablation(value) -> Ablation:
+  """``None`` (the paper's method) or an ``Ablation``."""
+  if value is None:
+    return Ablation()
+  if not isinstance(value, Ablation):
+    raise TypeError(f"ablation must be None or a rotation.Ablation, got {value!r}")
+  return value
+
+
 class Options(NamedTuple):
   """The resolved options of one ``scale_by_basis_rotation`` (see its docstring for each)."""
 

@@ -53,7 +53,15 @@ from rotation import dims, threads
 from rotation import matrix as mx
 from rotation.adam import scale_by_adam
 from rotation.moments import FIRST_MOMENTS, SECOND_MOMENTS, at, moment_fields, replace_at
-from rotation.options import DEFAULT_BLOCK_SIZE, Options, check_learning_rate, compute_dtype, resolve
+from rotation.options import (
+  DEFAULT_BLOCK_SIZE,
+  Ablation,
+  Options,
+  check_ablation,
+  check_learning_rate,
+  compute_dtype,
+  resolve,
+)
 from rotation.plan import (
   check_float_leaves,
   given_bases,
@@ -94,9 +102,8 @@ def scale_by_basis_rotation(
     stagger: bool = False,
     orthonormalization: str = "qr",
     batch_refresh: bool | None = None,
-    bases: Any | None = None,
-    freeze_after: int | None = None,
     second_moments: str = "permute",
+    ablation: Ablation | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Runs ``inner`` in a rotated (Kronecker-factored) eigenbasis of every selected matrix.
 
@@ -165,13 +172,6 @@ def scale_by_basis_rotation(
     batch_refresh: refresh a piece's K matrices in one batched call (``vmap``) rather than one at a
       time (``lax.map``). ``None``: batched except on CPU, where concurrent batched LAPACK kernels
       (eigh, QR, SVD) can deadlock XLA's thread pool.
-    bases: ``None`` (estimate the bases, the paper's method) or *fixed* bases: a pytree with the
-      parameters' structure holding, per rotated leaf of one block, ``(U, V)`` (``(a, a)``, or
-      ``(K, a, a)`` for a stack; ``None`` for a side that is not rotated). The bases are then never
-      refreshed and no statistics are kept: Adam in a given basis (ablations). A PRNG key
-      (``jax.random.key(seed)``) draws random orthogonal (Haar) bases for every rotated side.
-    freeze_after: ``None`` (refresh for ever) or a step count: no warm refresh after it, so the
-      bases estimated by then stay frozen (the statistics are still kept). An ablation.
     second_moments: how the inner second moments (``SECOND_MOMENTS``) follow a warm refresh.
       ``"permute"`` (the paper's and SOAP's): only reordered with the basis columns.
       ``"rotate"``: re-expressed as the variances of a diagonal second moment in the new basis,
@@ -180,6 +180,8 @@ def scale_by_basis_rotation(
       moves a lot, "permute" leaves first moments (re-expressed exactly) over coordinates whose
       second moment is near zero, and the step after a refresh can be hundreds of times the
       learning rate (docs/algorithms.md, "the refresh spike"); "rotate" keeps the two consistent.
+    ablation: ``None`` (the paper's method) or a ``rotation.Ablation``: fixed (given or random)
+      bases, or bases frozen after a step, for the mechanism's ablations.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is ``BasisRotationState``.
@@ -193,17 +195,18 @@ def scale_by_basis_rotation(
     raise TypeError(f"inner must be an optax.GradientTransformation (or None for Adam), got {inner!r}"
                     + (": for a learning rate use rotation.basis_rotation(learning_rate, ...)"
                        if isinstance(inner, (int, float)) else ""))
+  ablation = check_ablation(ablation)
   opts = resolve(source=source, geometry=geometry, refresh_every=refresh_every, b1=b1, b2=b2, eps=eps,
                  shampoo_beta=shampoo_beta, block_size=block_size, max_precond_dim=max_precond_dim,
                  precond_dtype=precond_dtype, precision=precision, first_order_step=first_order_step,
                  stagger=stagger, orthonormalization=orthonormalization, batch_refresh=batch_refresh,
-                 fixed=bases is not None, freeze_after=freeze_after, second_moments=second_moments,
-                 custom_inner=inner is not None)
+                 fixed=ablation.bases is not None, freeze_after=ablation.freeze_after,
+                 second_moments=second_moments, custom_inner=inner is not None)
   inner = optax.with_extra_args_support(
       scale_by_adam(opts.b1, b2, eps, eps_root, mu_dtype) if inner is None else inner)
 
   def init_fn(params):
-    return init(params, inner, opts, weight_dimension_numbers, bases)
+    return init(params, inner, opts, weight_dimension_numbers, ablation.bases)
 
   def update_fn(updates, state, params=None, **extra_args):
     del params
@@ -437,9 +440,8 @@ def basis_rotation(
     stagger: bool = False,
     orthonormalization: str = "qr",
     batch_refresh: bool | None = None,
-    bases: Any | None = None,
-    freeze_after: int | None = None,
     second_moments: str = "permute",
+    ablation: Ablation | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW in a rotated eigenbasis: the paper's optimizer, a drop-in for ``optax.adamw``.
 
@@ -466,8 +468,8 @@ def basis_rotation(
                  refresh_every=refresh_every, shampoo_beta=shampoo_beta, block_size=block_size,
                  max_precond_dim=max_precond_dim, precond_dtype=precond_dtype, precision=precision,
                  first_order_step=first_order_step, stagger=stagger,
-                 orthonormalization=orthonormalization, batch_refresh=batch_refresh, bases=bases,
-                 freeze_after=freeze_after, second_moments=second_moments)
+                 orthonormalization=orthonormalization, batch_refresh=batch_refresh,
+                 second_moments=second_moments, ablation=ablation)
   return optax.chain(
       scale_by_basis_rotation(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, **options),
       optax.add_decayed_weights(weight_decay, mask),

@@ -64,6 +64,17 @@ def test_mask_structure_mismatch():
     tx.init({"w": jnp.zeros((2, 2)), "v": jnp.zeros((2, 2))})
 
 
+def test_an_ablation_is_given_as_a_rotation_ablation():
+  """The ablation-only options come grouped; a dict (or the old keywords) is one clear error."""
+  with pytest.raises(TypeError, match=r"ablation must be None or a rotation.Ablation, got "
+                                      r"\{'freeze_after': 3\}"):
+    rotation.basis_rotation(1e-3, ablation={"freeze_after": 3})
+  with pytest.raises(TypeError, match="unexpected keyword argument 'freeze_after'"):
+    rotation.scale_by_basis_rotation(freeze_after=3)
+  with pytest.raises(ValueError, match="freeze_after must be None or an int >= 1, got -1"):
+    rotation.basis_rotation(1e-3, ablation=rotation.Ablation(freeze_after=-1))
+
+
 def test_a_learning_rate_given_as_inner_is_a_clear_error():
   with pytest.raises(TypeError, match="inner must be an optax.GradientTransformation.*basis_rotation"):
     rotation.scale_by_basis_rotation(1e-3)

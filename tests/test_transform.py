@@ -397,29 +397,32 @@ def test_fixed_bases_identity_is_adam_and_any_basis_is_adam_in_it():
     return np.stack(out)
 
   eye = {"w": (jnp.eye(6), jnp.eye(5)), "b": None}
-  np.testing.assert_array_equal(run(rotation.scale_by_basis_rotation(bases=eye), grads), run(adam, grads))
+  identity = rotation.scale_by_basis_rotation(ablation=rotation.Ablation(bases=eye))
+  np.testing.assert_array_equal(run(identity, grads), run(adam, grads))
   u = np.linalg.qr(rng.normal(size=(6, 6)))[0]
   v = np.linalg.qr(rng.normal(size=(5, 5)))[0]
-  fixed = rotation.scale_by_basis_rotation(bases={"w": (jnp.asarray(u), jnp.asarray(v)), "b": None})
+  fixed = rotation.scale_by_basis_rotation(
+      ablation=rotation.Ablation(bases={"w": (jnp.asarray(u), jnp.asarray(v)), "b": None}))
   rotated = run(adam, [jnp.asarray(u.T @ np.asarray(g) @ v, jnp.float32) for g in grads])
   np.testing.assert_allclose(run(fixed, grads), u @ rotated @ v.T, atol=1e-5)
   state = fixed.init(params)
   assert state.bases["w"][0].stat_left is None and np.allclose(state.bases["w"][0].left[0], u)
   with pytest.raises(ValueError, match=r"parameter \[.w.\] of shape \(6, 5\) needs a right basis of "
                                        r"shape \(5, 5\), got \(6, 6\)"):
-    rotation.scale_by_basis_rotation(bases={"w": (jnp.eye(6), jnp.eye(6)), "b": None}).init(params)
+    rotation.scale_by_basis_rotation(
+        ablation=rotation.Ablation(bases={"w": (jnp.eye(6), jnp.eye(6)), "b": None})).init(params)
 
 
 def test_random_bases_from_a_key_are_orthogonal_fixed_and_reproducible():
   params = {"w": jnp.zeros((6, 5)), "b": jnp.zeros(5)}
-  tx = rotation.scale_by_basis_rotation(bases=jax.random.key(3))
+  tx = rotation.scale_by_basis_rotation(ablation=rotation.Ablation(bases=jax.random.key(3)))
   state = tx.init(params)
   u, v = np.asarray(state.bases["w"][0].left[0]), np.asarray(state.bases["w"][0].right[0])
   np.testing.assert_allclose(u.T @ u, np.eye(6), atol=1e-5)
   np.testing.assert_allclose(v.T @ v, np.eye(5), atol=1e-5)
   assert not np.allclose(np.abs(u), np.eye(6), atol=0.1)  # not a signed permutation of the axes
   np.testing.assert_array_equal(u, np.asarray(tx.init(params).bases["w"][0].left[0]))  # same key, same bases
-  other_tx = rotation.scale_by_basis_rotation(bases=jax.random.key(4))
+  other_tx = rotation.scale_by_basis_rotation(ablation=rotation.Ablation(bases=jax.random.key(4)))
   other = np.asarray(other_tx.init(params).bases["w"][0].left[0])
   assert not np.allclose(u, other)
   g = jnp.asarray(np.random.default_rng(0).normal(size=(6, 5)), jnp.float32)
@@ -440,14 +443,15 @@ def test_freeze_after_stops_the_refresh_and_changes_nothing_before():
     return out
 
   free = bases(rotation.scale_by_basis_rotation(refresh_every=2))
-  frozen = bases(rotation.scale_by_basis_rotation(refresh_every=2, freeze_after=4))
+  frozen = bases(rotation.scale_by_basis_rotation(refresh_every=2,
+                                                        ablation=rotation.Ablation(freeze_after=4)))
   for t in range(4):  # steps 1-4: the same refreshes
     np.testing.assert_array_equal(frozen[t], free[t])
   for t in range(4, 9):  # no refresh after step 4, while the free run keeps refreshing
     np.testing.assert_array_equal(frozen[t], frozen[3])
   assert not np.allclose(free[8], free[3])
   with pytest.raises(ValueError, match="freeze_after must be None or an int >= 1, got 0"):
-    rotation.scale_by_basis_rotation(freeze_after=0)
+    rotation.scale_by_basis_rotation(ablation=rotation.Ablation(freeze_after=0))
 
 
 # --- dimension numbers and blocks ----------------------------------------------------------

@@ -55,7 +55,7 @@ def optimizers(refresh_every):
           # Fixed (random) bases: no statistics, no refresh; the rotations in and out alone.
           "rotation, fixed bases": rotation.basis_rotation(
               1e-3, weight_dimension_numbers=model_lib.rotation_dims,
-                                                           bases=jax.random.key(0))}
+                                                           ablation=rotation.Ablation(bases=jax.random.key(0)))}
 
 
 def account(seconds: dict) -> dict:

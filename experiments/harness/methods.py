@@ -198,8 +198,8 @@ def _rotation(s: Stage, k: int):
                                  weight_decay=c.weight_decay, source=m.source, geometry=m.geometry,
                                  refresh_every=periods[k], first_order_step=m.first_order_step,
                                  weight_dimension_numbers=model_lib.rotation_dims,
-                                 block_size=None, max_precond_dim=10_000, bases=bases,
-                                 freeze_after=m.freeze_after)
+                                 block_size=None, max_precond_dim=10_000,
+                                 ablation=rotation.Ablation(bases, m.freeze_after))
 
 
 # The registry of kinds: a new method is an entry of METHODS (a Method of an existing kind) or a new

@@ -18,7 +18,8 @@ hand and everything else is fixed:
   other stage;
 - the optimizers: Adam (``rotation.scale_by_adam``, the inner Adam of the rotation), basis
   rotation with its estimated bases (the library's transformation, refresh period 10), and Adam in
-  the exact eigenbasis ``(Q_A, Q_B)`` (an oracle: ``rotation.scale_by_basis_rotation(bases=...)``);
+  the exact eigenbasis ``(Q_A, Q_B)`` (an oracle: fixed bases,
+  ``rotation.scale_by_basis_rotation(ablation=rotation.Ablation(bases=...))``);
 - the measure: updates until ``f(W) <= target * f(W_0)`` with ``W_0 = 0``, per seed, for each
   learning rate of a grid; per cell the rate with the smallest median over the seeds. A cell whose
   best rate is an edge of the grid gets the grid extended by x2 steps past that edge until its best
@@ -112,7 +113,7 @@ def optimizer(name: str, lr: float, qa=None, qb=None, study: Study = Study()):
     core = rotation.scale_by_basis_rotation(refresh_every=int(period), shampoo_beta=float(beta))
   else:
     bases = {"w": (jnp.asarray(qa, jnp.float32), jnp.asarray(qb, jnp.float32)), "pad": None}
-    core = rotation.scale_by_basis_rotation(bases=bases)
+    core = rotation.scale_by_basis_rotation(ablation=rotation.Ablation(bases=bases))
   return optax.chain(core, optax.inject_hyperparams(optax.scale)(step_size=-lr))
 
 
