@@ -1,5 +1,5 @@
 """Where basis rotation's state lives on a mesh: the moments like the parameters, the bases and
-statistics split along their stack axis (``stack_sharding``); and how the transformation finds the
+statistics split along their stack axis (``stack_spec``); and how the transformation finds the
 mesh (``mesh_of``) and the explicit axes it must run under (``explicit_axes``).
 
 An eager ``init`` of sharded parameters (what ``nnx.Optimizer`` does) already lays the state out so;
@@ -26,18 +26,45 @@ def explicit_axes(tree) -> tuple:
 
 
 def mesh_of(leaves):
-  """The mesh of the first concrete parameter sharded by ``NamedSharding`` over several devices
-  (an eager ``init`` of sharded parameters, what ``nnx.Optimizer`` does), else ``None``."""
+  """The mesh of the first parameter sharded over several devices: a concrete array's
+  ``NamedSharding`` (an eager ``init``, what ``nnx.Optimizer`` does), or the mesh in a traced array's
+  type under explicit axes (``jax.jit(tx.init)``, sharding in types); else ``None`` (under jit with
+  automatic axes the compiler lays the state out, or ``state_sharding`` does)."""
   for x in leaves:
+    if isinstance(x, jax.core.Tracer):
+      mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+      if mesh is not None and explicit_axes([x]) and mesh.size > 1:
+        return mesh
+      continue
     sharding = getattr(x, "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding) and not isinstance(x, jax.core.Tracer) \
-        and len(sharding.mesh.devices.flat) > 1:
+    if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size > 1:
       return sharding.mesh
   return None
 
 
-def stack_sharding(shape, mesh) -> jax.sharding.NamedSharding:
-  """The sharding of a (K, a, a) stack of bases or statistics on ``mesh``: K split over the mesh
+def place(x, mesh, spec: PartitionSpec):
+  """``x`` laid out as ``spec`` on ``mesh``: ``device_put`` for a concrete array, ``reshard`` for a
+  traced one (its type then carries the layout, as an eager ``init``'s result does)."""
+  sharding = NamedSharding(mesh, spec)
+  return jax.sharding.reshard(x, sharding) if isinstance(x, jax.core.Tracer) else jax.device_put(x, sharding)
+
+
+def spec_on(x, mesh) -> PartitionSpec:
+  """The ``PartitionSpec`` ``x`` has on ``mesh`` (under explicit axes as its type writes it, which is
+  how an update's outputs write it: ``P(None,)`` rather than ``P()``); replicated when ``x`` is not on
+  ``mesh``."""
+  if isinstance(x, jax.core.Tracer):
+    typed = jax.typeof(x).sharding if explicit_axes([x]) else None
+    return typed.spec if typed is not None and typed.mesh == mesh else PartitionSpec()
+  sharding = getattr(x, "sharding", None)
+  if getattr(sharding, "mesh", None) != mesh:
+    return PartitionSpec()
+  return jax.typeof(x).sharding.spec if explicit_axes([x]) else sharding.spec
+
+
+def stack_spec(shape, mesh) -> PartitionSpec:
+  """The layout of a (K, a, a) stack of bases or statistics on ``mesh`` (a ``Mesh`` or an
+  ``AbstractMesh``): K split over the mesh
   axes (largest first) whose sizes multiply to a divisor of K, and the rows over the axes left
   whose sizes divide ``a`` (a leaf of few matrices, as a single large one, is still split)."""
   free = sorted((n for n in mesh.axis_names if mesh.shape[n] > 1), key=lambda n: -mesh.shape[n])
@@ -50,7 +77,7 @@ def stack_sharding(shape, mesh) -> jax.sharding.NamedSharding:
         size *= mesh.shape[name]
         free.remove(name)
     spec.append(tuple(axes) if len(axes) > 1 else axes[0] if axes else None)
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec, *([None] * (len(shape) - 2))))
+  return PartitionSpec(*spec, *([None] * (len(shape) - 2)))
 
 
 def state_sharding(state, params_sharding):
@@ -65,7 +92,7 @@ def state_sharding(state, params_sharding):
     A tree of ``NamedSharding`` with the state's structure: every subtree with the parameters'
     structure (the inner moments, and those of any other transformation in the chain) takes the
     parameters' shardings; every basis and statistic stack ``(K, a, a)`` is split along K over the
-    mesh axes that divide it (``stack_sharding``); every other leaf (counts, hyper-parameters) is
+    mesh axes that divide it (``stack_spec``); every other leaf (counts, hyper-parameters) is
     replicated.
   """
   leaves, treedef = jax.tree.flatten(params_sharding)
@@ -78,9 +105,8 @@ def state_sharding(state, params_sharding):
 
   def shard(x):
     if isinstance(x, BasisRotationState):
-      return BasisRotationState(replicated,
-                                jax.tree.map(lambda a: stack_sharding(a.shape, mesh), x.bases),
-                                state_sharding(x.inner_state, params_sharding))
+      stacks = jax.tree.map(lambda a: NamedSharding(mesh, stack_spec(a.shape, mesh)), x.bases)
+      return BasisRotationState(replicated, stacks, state_sharding(x.inner_state, params_sharding))
     if is_params(x) and treedef.num_leaves > 1:
       return params_sharding
     return replicated

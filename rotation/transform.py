@@ -72,7 +72,7 @@ from rotation.plan import (
   state_plans,
   static_int,
 )
-from rotation.sharding import explicit_axes, mesh_of, stack_sharding
+from rotation.sharding import PartitionSpec, explicit_axes, mesh_of, place, spec_on, stack_spec
 from rotation.stacks import batched, owned, stack
 from rotation.state import BasisRotationState, RotationPiece, bases_leaves, per_leaf
 
@@ -260,21 +260,15 @@ def init(params, inner, opts: Options, weight_dimension_numbers, bases) -> Basis
              for i, (x, plan) in enumerate(zip(leaves, plans))]
   mesh = mesh_of(leaves)
   if mesh is not None:  # laid out on the parameters' mesh: stacks split along K, the rest whole
-    entries = [None if e is None else jax.tree.map(
-        lambda s: jax.device_put(s, stack_sharding(s.shape, mesh)), e) for e in entries]
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    # on the mesh, each spec written as an update's outputs write it (P(None,), not P())
-    canonical = lambda x: jax.device_put(x, jax.sharding.NamedSharding(
-        mesh, jax.typeof(x).sharding.spec) if explicit_axes([x]) else x.sharding)
-    inner_state = jax.tree.map(
-        lambda x: canonical(x) if getattr(x, "sharding", None) is not None and getattr(
-            x.sharding, "mesh", None) == mesh else jax.device_put(x, replicated), inner_state)
+    entries = [None if e is None else jax.tree.map(lambda s: place(s, mesh, stack_spec(s.shape, mesh)), e)
+               for e in entries]
+    inner_state = jax.tree.map(lambda x: place(x, mesh, spec_on(x, mesh)), inner_state)
   tree = per_leaf(params, entries)
   if type(params).__name__ == "_ParamsPlaceholder":  # optax.tree_map_params' stand-in
     tree = _NOT_PARAMS
   count = jnp.zeros([], jnp.int32)
   if mesh is not None:
-    count = jax.device_put(count, replicated)
+    count = place(count, mesh, PartitionSpec())
   return BasisRotationState(count, tree, inner_state)
 
 

@@ -16,8 +16,9 @@ optimizer as optax's does and asks the same of it:
   float64);
 - a constant schedule and the same constant rate give the same parameters.
 
-optax's sharding contract (``_sharding_test.py``) is not shipped with the installed optax; this
-project's own sharding tests (tests/test_rotation_sharding.py) check the state's layout on a mesh."""
+optax's sharding contract (``_sharding_test.py``, not shipped with the installed optax) is restated in
+tests/test_optax_sharding_contract.py; tests/test_rotation_sharding.py checks the state's layout and
+numbers on a mesh beyond it."""
 
 import functools
 import inspect
