@@ -30,3 +30,19 @@ def test_account_splits_the_step_by_component():
   parts = bench_optimizer.account(seconds)
   assert parts == {"rotations": 0.25, "statistics": 0.25, "refresh": 0.5, "total": 2.0}
   assert 1 + parts["rotations"] + parts["statistics"] + parts["refresh"] == parts["total"]
+
+
+def test_step_flops_counts_each_block_by_hand():
+  """One (6, 20) matrix cut at block 8 into blocks 6 x 8, 6 x 8 and 6 x 4, and one (5, 5) matrix;
+  the 1-D leaf is plain Adam. The count, by hand, per block of a x b: 6 (a^2 b + a b^2) every step;
+  per refresh and side d, 4 d^3 + 2 a b d of matmuls and 8/3 d^3 of QR, over the period 5."""
+  params = {"w": jax.ShapeDtypeStruct((6, 20), "float32"), "s": jax.ShapeDtypeStruct((5, 5), "float32"),
+            "b": jax.ShapeDtypeStruct((20,), "float32")}
+  got = bench_optimizer.step_flops(params, None, refresh_every=5, block_size=8)
+  blocks = [(6, 8), (6, 8), (6, 4), (5, 5)]
+  per_step = sum(6 * (a * a * b + a * b * b) for a, b in blocks)
+  refresh = sum(4 * d**3 + 2 * a * b * d for a, b in blocks for d in (a, b)) / 5
+  qr = sum(8 / 3 * d**3 for a, b in blocks for d in (a, b)) / 5
+  assert got["matmuls"] == per_step
+  assert abs(got["refresh_matmuls"] - refresh) < 1e-9 and abs(got["qr"] - qr) < 1e-9
+  assert abs(got["total"] - (per_step + refresh + qr)) < 1e-9

@@ -25,10 +25,11 @@ from experiments.harness import memory as memory_lib
 from experiments.harness import model as model_lib
 
 
-def time_interleaved(fns: dict, steps: int, rounds: int = 3) -> dict:
+def time_interleaved(fns: dict, steps: int, rounds: int = 3, summary=min) -> dict:
   """Seconds per call of each jitted ``fn(*state) -> state``, ``fns[name] = (fn, state)``, chained
-  ``steps`` times (a multiple of the refresh period, so refreshes are amortised); the best of
-  ``rounds`` such means. The functions take turns, so that machine drift hits them alike."""
+  ``steps`` times (a multiple of the refresh period, so refreshes are amortised); ``summary`` (the
+  best by default, or ``np.median``) of ``rounds`` such means. The functions take turns, so that
+  machine drift hits them alike."""
   states = {name: jax.block_until_ready(fn(*state)) for name, (fn, state) in fns.items()}
   means = {name: [] for name in fns}
   for _ in range(rounds):
@@ -39,7 +40,7 @@ def time_interleaved(fns: dict, steps: int, rounds: int = 3) -> dict:
         out = fn(*out)
       states[name] = jax.block_until_ready(out)
       means[name].append((time.perf_counter() - t0) / steps)
-  return {name: float(min(m)) for name, m in means.items()}
+  return {name: float(summary(m)) for name, m in means.items()}
 
 
 def optimizers(refresh_every):
@@ -90,31 +91,110 @@ def bench_update(params, refresh_every, steps, rounds=3):
   return out
 
 
-def rotation_flops(params, refresh_every) -> float:
-  """Useful FLOPs per step of the default rotation (second order, bilateral), averaged over a
-  refresh period, counted from the shapes: per rotated (m, n) matrix and step, the statistics
-  ``G G^T``, ``G^T G`` and the rotations in and out, ``6 (m^2 n + m n^2)``; per warm refresh and side
-  k, ``S Q`` (2 k^3), Householder QR with its complete Q (8/3 k^3) and re-expressing the first moment
-  (2 k^3 + 2 m n k)."""
-  total = 0.0
-  for leaf, rotate in zip(jax.tree.leaves(params), jax.tree.leaves(model_lib.rotation_mask(params))):
-    if not rotate:
-      continue
-    m, n = leaf.shape
-    total += 6.0 * (m * m * n + m * n * n)
-    total += sum(2 * k**3 + 8 / 3 * k**3 + 2 * k**3 + 2 * m * n * k for k in (m, n)) / refresh_every
-  return total
+def step_flops(params, weight_dimension_numbers, refresh_every: int,
+               block_size: int | None = rotation.DEFAULT_BLOCK_SIZE) -> dict:
+  """FLOPs of one step of the default rotation (second-order source, bilateral, Householder QR)
+  counted from the shapes, per rotated block of ``a x b`` (``rotation.dims``' pieces, so a side
+  longer than ``block_size`` counts as its blocks), warm refreshes averaged over ``refresh_every``:
+
+  - ``matmuls``, every step: the statistics ``G G^T``, ``G^T G`` (2 a^2 b + 2 a b^2) and the
+    rotations in and out (the same twice): ``6 (a^2 b + a b^2)``;
+  - ``refresh_matmuls``, per warm refresh and side d: ``S Q`` (2 d^3), the change of basis
+    ``U_new^T U_old`` (2 d^3) and the first moment re-expressed by it (2 a b d);
+  - ``qr``: per warm refresh and side d, Householder QR with its complete Q, ``8/3 d^3`` (LAPACK's
+    geqrf and orgqr, not a matmul: counted at the matmul rate it makes the floor optimistic).
+  Elementwise work (Adam, the decays, the guards) is left out: a floor, not an estimate."""
+  tx = rotation.scale_by_basis_rotation(weight_dimension_numbers=weight_dimension_numbers,
+                                        block_size=block_size)
+  state = jax.eval_shape(tx.init, params)
+  out = {"matmuls": 0.0, "refresh_matmuls": 0.0, "qr": 0.0}
+  for piece in jax.tree.leaves(state.bases, is_leaf=lambda x: isinstance(x, rotation.RotationPiece)):
+    (k, a, _), b = piece.left.shape, piece.right.shape[-1]  # k blocks of a x b
+    out["matmuls"] += k * 6.0 * (a * a * b + a * b * b)
+    out["refresh_matmuls"] += k * sum(4.0 * d**3 + 2.0 * a * b * d for d in (a, b)) / refresh_every
+    out["qr"] += k * sum(8 / 3 * d**3 for d in (a, b)) / refresh_every
+  out["total"] = sum(out.values())
+  return out
 
 
-def matmul_rate(sizes, steps=20) -> float:
-  """FLOP/s of plain float32 matmuls (k, k) @ (k, k) over ``sizes``, best size."""
-  best = 0.0
+def matmul_rate(sizes, steps=20, rounds=5) -> float:
+  """FLOP/s of plain float32 matmuls (k, k) @ (k, k), the best size of ``sizes``, each the median of
+  ``rounds`` interleaved means over ``steps`` products (the machine's matmul rate, measured now)."""
+  fns = {}
   for k in sizes:
     a = jnp.ones((k, k), jnp.float32) / k
-    f = jax.jit(lambda x: (jnp.matmul(x, a, precision=jax.lax.Precision.HIGHEST),))
-    seconds = time_interleaved({"matmul": (f, (a,))}, steps)["matmul"]
-    best = max(best, 2.0 * k**3 / seconds)
-  return best
+    fns[k] = (jax.jit(lambda x, a=a: (jnp.matmul(x, a, precision=jax.lax.Precision.HIGHEST),)), (a,))
+  seconds = time_interleaved(fns, steps, rounds, summary=np.median)
+  return max(2.0 * k**3 / seconds[k] for k in sizes)
+
+
+def block_config(width: int, context: int = 64):
+  """One paper-95m Transformer block at ``width`` (MLP 4x, heads of 64) with a small vocabulary, so
+  that the unrotated embeddings and head do not dominate."""
+  return dataclasses.replace(model_lib.CONFIGS["paper-95m"], num_blocks=1, vocab_size=256, context=context,
+                             width=width, num_heads=width // 64)
+
+
+def block_params(width: int):
+  """The weights of ``block_config(width)``."""
+  return model_lib.init(block_config(width))[1]
+
+
+def block_step_report(width: int, refresh_every: int, batch_size: int = 32, context: int = 512,
+                      rounds: int = 5) -> dict:
+  """Seconds of a whole training step (forward, backward, update) on one paper-95m block at
+  ``width``, micro-batch ``batch_size`` x ``context`` tokens, for AdamW and the default rotation:
+  the median of ``rounds`` interleaved means over one refresh period."""
+  cfg = block_config(width, context)
+  graphdef, params = model_lib.init(cfg)
+  loss_fn = model_lib.make_loss(graphdef)
+  ds = data_lib.default_corpus(context)
+  batch = tuple(jnp.asarray(x) for x in ds.batch(0, 0, batch_size, context))
+  fns = {}
+  for name, tx in (("adamw", optax.adamw(1e-3, weight_decay=0.01)),
+                   ("rotation", rotation.basis_rotation(1e-3, refresh_every=refresh_every,
+                                                        weight_dimension_numbers=model_lib.rotation_dims))):
+    def step(p, s, tx=tx):
+      u, s = tx.update(jax.grad(loss_fn)(p, batch), s, p)
+      return optax.apply_updates(p, u), s
+    fns[name] = (jax.jit(step, donate_argnums=(0, 1)), (jax.tree.map(jnp.copy, params), tx.init(params)))
+  seconds = time_interleaved(fns, refresh_every, rounds, summary=np.median)
+  return {"width": width, "tokens": batch_size * context, "seconds": seconds,
+          "ratio": seconds["rotation"] / seconds["adamw"]}
+
+
+def floor_report(width: int, refresh_every: int, rounds: int = 5) -> dict:
+  """The default rotation's update alone on one paper-95m block at ``width`` against its matmul floor:
+  FLOPs per step (``step_flops``), the machine's matmul rate (``matmul_rate`` at the block sides),
+  the floor (FLOPs / rate) and the measured step (median of ``rounds`` interleaved means over one
+  refresh period, AdamW beside it), all measured in this run."""
+  params = block_params(width)
+  flops = step_flops(params, model_lib.rotation_dims, refresh_every)
+  fns = {}
+  grads = jax.tree.map(lambda p: 0.01 * jnp.ones_like(p), params)
+  for name, tx in (("adamw", optax.adamw(1e-3, weight_decay=0.01)),
+                   ("rotation", rotation.basis_rotation(1e-3, refresh_every=refresh_every,
+                                                        weight_dimension_numbers=model_lib.rotation_dims))):
+    def step(p, s, tx=tx):
+      u, s = tx.update(grads, s, p)
+      return optax.apply_updates(p, u), s
+    state = tx.init(params)
+    fns[name] = (jax.jit(step, donate_argnums=(0, 1)), (jax.tree.map(jnp.copy, params), state))
+  seconds = time_interleaved(fns, refresh_every, rounds, summary=np.median)
+  sides = sorted({d for leaf in jax.tree.leaves(params) if leaf.ndim == 2 for d in leaf.shape if d >= 256})
+  rate = matmul_rate([min(d, rotation.DEFAULT_BLOCK_SIZE) for d in sides], rounds=rounds)
+  floor = flops["total"] / rate
+  return {"width": width, "flops": flops, "rate": rate, "floor": floor, "seconds": seconds,
+          "ratio": seconds["rotation"] / floor}
+
+
+def floor_line(r: dict) -> str:
+  f = r["flops"]
+  return (f"paper-95m block, width {r['width']}, update alone: {f['total'] / 1e9:.1f} GFLOP per step "
+          f"(per-step matmuls {f['matmuls'] / 1e9:.1f}, refresh matmuls {f['refresh_matmuls'] / 1e9:.1f}, "
+          f"QR {f['qr'] / 1e9:.1f}); matmul rate {r['rate'] / 1e9:.0f} GFLOP/s; floor "
+          f"{r['floor'] * 1e3:.1f} ms; rotation {r['seconds']['rotation'] * 1e3:.1f} ms = "
+          f"{r['ratio']:.2f}x its floor (AdamW {r['seconds']['adamw'] * 1e3:.1f} ms)")
 
 
 def bench_train_step(cfg, refresh_every, steps, batch_size):
@@ -185,10 +265,23 @@ def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m experiments.bench.optimizer", description=__doc__)
   parser.add_argument("--refresh-every", type=int, default=10)
   parser.add_argument("--steps", type=int, default=40, help="timed steps (a multiple of the period)")
+  parser.add_argument("--widths", type=int, nargs="+", default=[384, 768], help="paper-95m block "
+                      "widths for the floor (384: the paper's model)")
+  parser.add_argument("--floor-only", action="store_true", help="only the paper-95m blocks: the update "
+                      "against its matmul floor, and the whole step (micro-batch 32 x 512) against AdamW's")
   args = parser.parse_args(argv)
+  print(f"backend: {jax.default_backend()}; refresh_every={args.refresh_every}")
+  for width in args.widths:
+    print(floor_line(floor_report(width, args.refresh_every)))
+  for width in args.widths[:1]:
+    r = block_step_report(width, args.refresh_every)
+    print(f"paper-95m block, width {width}, whole training step, micro-batch 32 x 512: rotation "
+          f"{r['seconds']['rotation'] * 1e3:.0f} ms / adamw {r['seconds']['adamw'] * 1e3:.0f} ms = "
+          f"{r['ratio']:.3f}x (median of 5 interleaved means over one refresh period)")
+  if args.floor_only:
+    return
   cfg = model_lib.CONFIGS["cpu-deep"]
-  print(f"backend: {jax.default_backend()}; refresh_every={args.refresh_every}; "
-        f"best of 3 interleaved means over {args.steps} steps")
+  print(f"best of 3 interleaved means over {args.steps} steps:")
   for batch in (16, 64):
     train = bench_train_step(cfg, args.refresh_every, args.steps, batch_size=batch)
     parts = account(train)
@@ -205,25 +298,12 @@ def main(argv=None):
   spikes = step_spikes(cfg, args.refresh_every, batch_size=16)
   print(f"cpu-deep whole training step, batch 16, max / mean step time: paper's schedule "
         f"{spikes[False]:.2f}, staggered refreshes {spikes[True]:.2f}")
-  block = dataclasses.replace(model_lib.CONFIGS["paper-95m"], num_blocks=1, vocab_size=256,
-                              context=64)
-  cases = [("cpu-deep", model_lib.init(cfg)[1], args.steps, 3),
-           ("paper-95m block", model_lib.init(block)[1], args.refresh_every, 2)]
-  for name, params, steps, rounds in cases:
-    r = bench_update(params, args.refresh_every, steps, rounds)
-    a, b, c = r["adamw"], r["rotation"], r["rotation, no warm refresh"]
-    ch = r["rotation, cholesky_qr"]
-    print(f"{name} update alone: rotation / adamw = {b['seconds'] / a['seconds']:.2f}x "
-          f"(without warm refreshes {c['seconds'] / a['seconds']:.2f}x; orthonormalization cholesky_qr "
-          f"{ch['seconds'] / a['seconds']:.2f}x); "
-          f"XLA FLOPs per step {b['flops']:.3g} vs {a['flops']:.3g} (extra {b['flops'] - a['flops']:.3g}, "
-          f"cond branches counted once); compile {b['compile']:.1f}s vs {a['compile']:.1f}s")
-    sides = sorted({k for leaf in jax.tree.leaves(params) if leaf.ndim == 2 for k in leaf.shape})
-    rate = matmul_rate([k for k in sides if k >= 64][-2:] or sides[-1:])
-    useful = rotation_flops(params, args.refresh_every)
-    print(f"{name} update alone: {useful:.3g} useful FLOPs per step (shapes; refresh averaged) at "
-          f"{useful / b['seconds']:.3g} FLOP/s = {useful / b['seconds'] / rate:.1%} of plain matmul "
-          f"({rate:.3g} FLOP/s); with cholesky_qr {useful / ch['seconds'] / rate:.1%}")
+  r = bench_update(model_lib.init(cfg)[1], args.refresh_every, args.steps)
+  a, b, c, ch = r["adamw"], r["rotation"], r["rotation, no warm refresh"], r["rotation, cholesky_qr"]
+  print(f"cpu-deep update alone: rotation / adamw = {b['seconds'] / a['seconds']:.2f}x "
+        f"(without warm refreshes {c['seconds'] / a['seconds']:.2f}x; orthonormalization cholesky_qr "
+        f"{ch['seconds'] / a['seconds']:.2f}x); XLA FLOPs per step {b['flops']:.3g} vs {a['flops']:.3g} "
+        f"(cond branches counted once); compile {b['compile']:.1f}s vs {a['compile']:.1f}s")
 
 
 if __name__ == "__main__":
