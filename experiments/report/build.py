@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import pathlib
 import re
 import tempfile
@@ -29,6 +28,7 @@ import numpy as np
 from experiments.report import claims as claims_lib
 from experiments.report import curves as curves_lib
 from experiments.report import metrics, sections
+from experiments.report import summary as summary_lib
 from experiments.report.tables import curves_by, final_loss
 from experiments.sweep import ablations as ablations_lib
 
@@ -203,7 +203,7 @@ def build(source, out=None, methods=None, command: str | None = None, figures: b
              "hosts": curves_lib.hosts_of(runs), "headline": headline(tables),
              "claims": [] if plumbing else [c.summary() for c in claims],
              "readings": choice, "plumbing": plumbing}
-  (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+  summary_lib.write(out / "summary.json", summary)
   return summary
 
 

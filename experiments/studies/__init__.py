@@ -7,19 +7,12 @@ against 1F1B), ``protocol``, ``regime``, ``misalignment``, and the diagnostics `
 
 from __future__ import annotations
 
-import json
 import pathlib
 
-import numpy as np
+from experiments.report import summary as summary_lib
 
 
 def write_summary(out: pathlib.Path, summary: dict) -> dict:
-  """Writes ``out/summary.json`` (NumPy floats as floats, anything else not JSON as its text) and
-  returns the summary as a reader of that file gets it."""
-
-  def plain(x):
-    return float(x) if isinstance(x, np.floating) else str(x)
-
-  text = json.dumps(summary, indent=1, default=plain)
-  (pathlib.Path(out) / "summary.json").write_text(text + "\n")
-  return json.loads(text)
+  """Writes ``out/summary.json`` (``experiments.report.summary.write``) and returns the summary as a
+  reader of that file gets it."""
+  return summary_lib.write(pathlib.Path(out) / "summary.json", summary)

@@ -43,6 +43,7 @@ from experiments.harness import data as data_lib
 from experiments.harness import model as model_lib
 from experiments.harness import runs
 from experiments.report import plots
+from experiments.report import summary as summary_lib
 from experiments.studies.hessian import run_bases
 from experiments.sweep import presets
 
@@ -173,7 +174,7 @@ def write(measured: list, out: pathlib.Path, command: str) -> dict:
                                             summarise(run).items() if v["lag"] is not None]
                 for run in measured}, out / "basis_lag.png",
                "basis lag off(U_used, S_fresh) per stage", "stage delay tau + 1", "off-diagonal fraction")
-  (out / "summary.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")  # compact
+  summary_lib.write(out / "summary.json", summary)
   return summary
 
 

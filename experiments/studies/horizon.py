@@ -16,13 +16,13 @@ with ``gain_vs_horizon: [{"T", "P", "method", "gain": {"mean", "min", "max", "ci
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
 from experiments import cli
 from experiments.harness.methods import BASELINES
 from experiments.report import claims, curves, metrics, plots
+from experiments.report import summary as summary_lib
 from experiments.report.tables import curves_by, seed_tables
 
 NO_GAIN = "rotation or the best baseline diverged or shares no levels"
@@ -195,7 +195,7 @@ def write(rows, hosts, out: pathlib.Path, command: str, revisions=()) -> dict:
                      "mean": r["muon_interval"] and r["muon_interval"]["mean"]},
        "rotation_over_muon": {str(k): v for k, v in r["rotation_over_muon"].items()}}
       for r in rows]}
-  (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+  summary_lib.write(out / "summary.json", summary)
   return summary
 
 

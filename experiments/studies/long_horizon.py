@@ -26,6 +26,7 @@ import pathlib
 from experiments import cli
 from experiments.harness.methods import BASELINES
 from experiments.report import claims, curves, metrics
+from experiments.report import summary as summary_lib
 from experiments.report.tables import curve_of
 
 STEPS, TOP = 38400, 16
@@ -162,7 +163,7 @@ def main(argv=None) -> dict:
   summary = {"command": command, "hosts": hosts, "rates": {f"{m} P={p}": r for (m, p), r in rates.items()},
              "seeds": {str(s): r for s, r in result["seeds"].items()},
              "left_out": {str(s): w for s, w in result["left_out"].items()}, "claims": result["claims"]}
-  (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+  summary_lib.write(out / "summary.json", summary)
   print(f"wrote {out}/report.md: " + "; ".join(f"{c['claim']}: {c['verdict']}" for c in result["claims"]))
   return summary
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import pathlib
 import sys
 import time
@@ -54,6 +53,7 @@ import rotation
 from experiments import cli
 from experiments.harness import provenance
 from experiments.report import plots
+from experiments.report import summary as summary_lib
 from experiments.studies import hessian
 from experiments.sweep import executor as sweep
 
@@ -236,7 +236,7 @@ def run(study: Study, out: pathlib.Path, argv=None) -> dict:
                    for name in study.names() for theta in study.thetas}
   got["seconds"] = time.time() - t0
   out.mkdir(parents=True, exist_ok=True)
-  (out / "misalignment.json").write_text(json.dumps(got, indent=1))
+  summary_lib.write(out / "misalignment.json", got)
   code = provenance.code_version()
   command = " ".join(["python -m experiments.studies.misalignment", *(argv or [])])
   header = ["# Misalignment x delay on a controlled problem", "",

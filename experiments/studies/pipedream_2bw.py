@@ -28,13 +28,13 @@ committed curves (``docs/results/schedules`` reads its 1F1B runs at P = 1 and 16
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
 from experiments import cli
 from experiments.report import claims as claims_lib
 from experiments.report import curves, metrics, plots
+from experiments.report import summary as summary_lib
 from experiments.report.tables import curves_by, seed_tables
 
 PAPER = "arXiv 2606.30634"
@@ -236,7 +236,7 @@ def write(rows, momentum, claims, glance, hosts, out: pathlib.Path, command: str
                                                      if r["gap"] else None)}
   summary = {"command": command, "hosts": hosts, "gaps": [keep(r) for r in rows + momentum],
              "claims": [c.summary() for c in claims]}
-  (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+  summary_lib.write(out / "summary.json", summary)
   return summary
 
 

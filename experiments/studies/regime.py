@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import pathlib
 import time
 
@@ -30,6 +29,7 @@ from tqdm import tqdm
 from experiments import cli
 from experiments.harness import data as data_lib
 from experiments.report import plots, tables
+from experiments.report import summary as summary_lib
 from experiments.sweep import executor as sweep
 from experiments.sweep import presets, workers
 
@@ -200,7 +200,7 @@ def write(out, preset, args, record, lengths, factors):
     plots.loss_curves(tables.mean_curves(tables.curves_by(rs)), window(args.factor_steps), out / name, k)
     lines.append(f"![{name}]({name})")
   (out / "regime.md").write_text("\n".join(lines) + "\n")
-  (out / "regime.json").write_text(json.dumps(record, indent=1, default=float))
+  summary_lib.write(out / "regime.json", record)
 
 
 if __name__ == "__main__":

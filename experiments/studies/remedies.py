@@ -23,7 +23,6 @@ training loss; ``--out`` as the only SOURCE rebuilds it).
 from __future__ import annotations
 
 import collections
-import json
 import pathlib
 
 import numpy as np
@@ -31,6 +30,7 @@ import numpy as np
 from experiments import cli
 from experiments.harness import methods
 from experiments.report import claims, curves, metrics
+from experiments.report import summary as summary_lib
 
 BLOCK = 100  # training-loss block mean stored per run
 SCALE = {"predict": "predict_scale", "dc": "dc_lambda"}
@@ -245,7 +245,7 @@ def write(scales, chosen, gaps, finals, decided, meta, runs, out: pathlib.Path, 
   (out / "report.md").write_text("\n".join(lines))
   summary = {"command": command, "sweeps": meta["sweeps"], "commits": commits, "chosen": chosen,
              "scales": scales, "gaps": gaps, "finals": finals, "claims": [c.summary() for c in decided]}
-  (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+  summary_lib.write(out / "summary.json", summary)
   return summary
 
 

@@ -14,13 +14,13 @@ Writes ``report.md`` and ``summary.json`` (no curves: NEW's are wherever it was 
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 
 import numpy as np
 
 from experiments import cli
 from experiments.report import curves, metrics
+from experiments.report import summary as summary_lib
 
 
 def pair(new: dict, old: dict, window: int) -> dict:
@@ -103,7 +103,7 @@ def write(pairs, unmatched, sources, out: pathlib.Path, command: str, provenance
   (out / "report.md").write_text("\n".join(lines) + "\n")
   summary = {"command": command, "sources": list(sources), "provenance": provenance,
              "aggregate": aggregate, "pairs": pairs}
-  (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+  summary_lib.write(out / "summary.json", summary)
   return summary
 
 

@@ -27,6 +27,7 @@ import pathlib
 
 from experiments import cli
 from experiments.report import curves
+from experiments.report import summary as summary_lib
 from experiments.studies import lr_grid
 
 GRID = (1e-3, 2e-3, 3e-3, 6e-3, 1e-2)  # the protocol's grid
@@ -238,7 +239,7 @@ def main(argv=None) -> dict:
   (out / "report.md").write_text(report(result, commands, command, hosts))
   summary = {"command": command, "hosts": hosts, "chosen": result["chosen"], "sweeps_to_run": commands,
              "methods": result["methods"]}
-  (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+  summary_lib.write(out / "summary.json", summary)
   print(f"wrote {out}/report.md: " + ("rates chosen: " + json.dumps(result["chosen"]) if result["chosen"]
                                       else f"{len(commands)} sweeps still to run"))
   return result
