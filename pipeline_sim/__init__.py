@@ -28,12 +28,13 @@ from pipeline_sim.devices import (
 )
 from pipeline_sim.driver import MODES, Pipeline, PipelineState
 from pipeline_sim.gradients import OtherStageError, Staged, no_stashing_value_and_grad
+from pipeline_sim.protocol import PipelineProtocol
 from pipeline_sim.remedies import DelayCompensationState, dc_asgd
 from pipeline_sim.sharding import data_mesh, fsdp, replicate, shard_batches
 
 __all__ = [
     "DEVICE_MODES", "SCHEDULES", "DelayCompensationState", "DevicePipeline", "DevicePipelineState",
-    "MODES", "Pipeline", "OtherStageError", "PipelineState", "TwoVersions",
+    "MODES", "Pipeline", "OtherStageError", "PipelineProtocol", "PipelineState", "TwoVersions",
     "Staged", "check_labels", "data_mesh", "dc_asgd", "fsdp", "leaf_delays", "merge_stages", "nesterov",
     "nesterov_stage_b1", "no_stashing_value_and_grad", "num_stages_of", "per_stage", "pipedream",
     "pipedream_lr", "pipeline_mesh", "pipemare_lr_schedule", "replicate", "scale_by_nadam_torch",

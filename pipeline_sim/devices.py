@@ -62,12 +62,12 @@ from pipeline_sim.buffers import Consuming
 from pipeline_sim.delays import (
   check_labels,
   merge_stages,
-  num_stages_of,
   split_stages,
   stage_delays,
   stage_optimizers,
 )
 from pipeline_sim.gradients import Staged
+from pipeline_sim.protocol import check_pipeline
 
 STAGE, DATA = "stage", "data"
 DEVICE_MODES = ("weight_stashing", "no_stashing")
@@ -200,13 +200,8 @@ class DevicePipeline:
 
   def __init__(self, staged: Staged, optimizer, labels, mode: str = "weight_stashing",
                mesh: Mesh | None = None, schedule: str = "1f1b", micro_batches: int | None = None):
-    if mode not in DEVICE_MODES:
-      raise ValueError(f"unknown device pipeline mode {mode!r}; choose from {DEVICE_MODES}")
-    num_stages = num_stages_of(labels)
-    self.delays = stage_delays(num_stages, schedule)  # checks the schedule
-    if schedule == "2bw" and mode != "weight_stashing":
-      raise ValueError(f"schedule '2bw' needs mode 'weight_stashing' (its two weight versions are "
-                       f"the stash), got mode {mode!r}")
+    num_stages, self.delays = check_pipeline(labels, mode, DEVICE_MODES, schedule, staged,
+                                             name="device pipeline")
     if schedule == "1f1b" and micro_batches not in (None, 1):
       raise ValueError(f"micro_batches={micro_batches!r} needs schedule '2bw' (a 1F1B batch is one "
                        "micro-batch)")
@@ -216,8 +211,6 @@ class DevicePipeline:
                               or micro_batches < num_stages):
       raise ValueError(f"2BW needs micro_batches >= P = {num_stages} (an int), got {micro_batches!r}: "
                        "with fewer, a micro-batch's version W(t - 1) is not there yet")
-    if len(staged.stage_fns) != num_stages:
-      raise ValueError(f"got {len(staged.stage_fns)} stage functions for {num_stages} stages")
     optimizer = stage_optimizers(optimizer, num_stages)
     self.mesh = pipeline_mesh(num_stages) if mesh is None else mesh
     if tuple(self.mesh.axis_names) != (STAGE, DATA) or self.mesh.shape[STAGE] != num_stages:
@@ -229,6 +222,9 @@ class DevicePipeline:
     self._in_flight = stage_delays(num_stages)  # 1F1B over micro-batches: stage k's ring of inputs
     self.lag = -(-(num_stages - 1) // micro_batches)  # batches in flight after a call
     self._run = Consuming(self._run_impl, "DevicePipeline.run/finish")
+    self._layouts = None  # fixed by ``init`` (the state's packed layout), with what follows
+    self._template = self._stash_bytes = self._grad_layouts = self._widths = self._grad_widths = None
+    self._act = self._message = None
 
   # ---- set-up ----------------------------------------------------------------------------------
 
@@ -258,8 +254,12 @@ class DevicePipeline:
       return params
     return rb.ring_read(stash, m % (self._in_flight[k] + 1))
 
-  def init(self, params, example_batch) -> DevicePipelineState:
-    """The pipeline state for ``params``; ``example_batch`` is one batch (shapes only)."""
+  def init(self, params, example_batch=None) -> DevicePipelineState:
+    """The pipeline state for ``params``; ``example_batch`` is one batch (shapes only; required:
+    it fixes the messages between stages)."""
+    if example_batch is None:
+      raise ValueError("DevicePipeline.init needs example_batch: one batch (its shapes fix the messages "
+                       "between stages)")
     check_labels(params, self.labels, self.num_stages)
     n_data, per = self.mesh.shape[DATA], self.micro_batches
     for x in jax.tree.leaves(example_batch):
@@ -524,7 +524,7 @@ class DevicePipeline:
     a new fill, as a synchronous pipeline does after its flush (PipeDream-Flush, GPipe). It needs
     ``init`` (or ``run``) of this object first, not a ``run``: a pipeline resumed from a checkpoint
     (``init``, then the restored state) can finish at once."""
-    if not hasattr(self, "_layouts"):
+    if self._layouts is None:
       raise ValueError("DevicePipeline.finish needs init(params, example_batch) of this pipeline first "
                        "(it fixes the layout of the state)")
     fed = int(state.fed)
@@ -552,6 +552,30 @@ class DevicePipeline:
     accumulator (two stage-sized buffers, as the emulator's two versions)."""
     del state
     return int(sum(self._stash_bytes))
+
+  # ---- the pipeline protocol (pipeline_sim.protocol); ``init``, ``finish`` and ``params`` above
+  # and below are its own
+
+  flushes = True  # the last ``lag`` batches complete in ``finish``
+
+  def place(self, state: DevicePipelineState, mesh=None, fsdp: bool = False) -> DevicePipelineState:
+    """The state as ``init`` laid it out on this pipeline's own mesh (``mesh`` and ``fsdp`` are the
+    emulator's: a device pipeline places each stage on its own devices)."""
+    del mesh, fsdp
+    return state
+
+  def place_batches(self, batches, mesh=None):
+    """The batches as given: ``run`` splits them over the stages' data devices itself."""
+    del mesh
+    return batches
+
+  def advance(self, state: DevicePipelineState, batches):
+    """``run``, keeping only the batches that completed: ``(state, (steps, losses, grad_norms))``
+    in NumPy, ``lag`` batches behind the chunk (the rest complete in the next call or ``finish``)."""
+    state, out = self.run(state, batches)
+    steps, losses, norms = (np.asarray(x) for x in out)
+    keep = steps >= 0
+    return state, (steps[keep], losses[keep], norms[keep])
 
   def params(self, state: DevicePipelineState):
     """Every stage's current weights, merged into the user's parameter tree (on the host)."""

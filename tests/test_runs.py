@@ -327,7 +327,7 @@ def test_a_run_out_of_device_memory_ends_in_one_line_naming_it(tmp_path, corpus,
   def exhausted(*args):
     raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 37281745816 bytes.")
 
-  monkeypatch.setattr(runs, "_advance", exhausted)
+  monkeypatch.setattr(runs.ps.Pipeline, "advance", exhausted)
   with pytest.raises(OutOfMemory) as e:
     runs.train(CONFIG, corpus, tmp_path / "run")
   message = str(e.value)

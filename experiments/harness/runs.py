@@ -100,41 +100,10 @@ def build(config: RunConfig, ds: Dataset, devices=None):
     pipe = ps.DevicePipeline(_staged(config, cfg), methods.stage_optimizers(config),
                              model_lib.stage_labels(params, config.stages), mode=config.mode,
                              mesh=ps.pipeline_mesh(config.stages, devices), schedule=config.schedule)
-    example = ds.batch(config.seed, 0, config.batch_size, cfg.context)
-    return pipe, pipe.init(params, example), graphdef, loss_fn
-  pipe = pipeline_of(config, cfg, graphdef, params)
-  return pipe, pipe.init(params), graphdef, loss_fn
-
-
-def _advance(pipe, state, batches, step):
-  """One chunk: (state, indices of the steps that completed, their losses, their gradient norms).
-
-  The emulator completes the chunk's own steps; the device pipeline completes steps ``pipe.lag``
-  behind (``P - 1`` under 1F1B, one under 2BW; those still in flight finish in the next chunk or in
-  ``_drain``)."""
-  if isinstance(pipe, ps.DevicePipeline):
-    state, out = pipe.run(state, batches)
-    steps, losses, norms = (np.asarray(x) for x in out)
-    keep = steps >= 0
-    return state, steps[keep], losses[keep], norms[keep]
-  state, (losses, norms) = pipe.run(state, batches)
-  losses = np.asarray(losses)
-  return state, np.arange(step, step + len(losses)), losses, np.asarray(norms)
-
-
-def _drain(pipe, state):
-  """Completes the steps still in flight (device pipeline); the emulator has none."""
-  if isinstance(pipe, ps.DevicePipeline):
-    return pipe.finish(state)
-  return state, (np.zeros(0, int), np.zeros(0), np.zeros(0))
-
-
-def _params(pipe, state):
-  return pipe.params(state) if isinstance(pipe, ps.DevicePipeline) else state.params
-
-
-def _lag(pipe) -> int:
-  return pipe.lag if isinstance(pipe, ps.DevicePipeline) else 0
+  else:
+    pipe = pipeline_of(config, cfg, graphdef, params)
+  example = ds.batch(config.seed, 0, config.batch_size, cfg.context)
+  return pipe, pipe.init(params, example), graphdef, loss_fn
 
 
 def check_identity(run_dir: pathlib.Path, ident: dict) -> None:
@@ -192,9 +161,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
                      "choose a multiple (--batch-size)")
   t0 = time.perf_counter()
   pipe, state, graphdef, loss_fn = build(config, ds, devices)
-  on_devices = isinstance(pipe, ps.DevicePipeline)
-  if not on_devices:
-    state = ps.fsdp(state, mesh) if config.fsdp else ps.replicate(state, mesh)
+  state = pipe.place(state, mesh, config.fsdp)
   jax.block_until_ready(state)
   built = time.perf_counter() - t0
   context = config.model_config(ds.vocab_size).context
@@ -230,7 +197,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
   log = run_dir / "metrics.jsonl"
   diag_log = run_dir / "diagnostics.jsonl"
   if restored is None:
-    val_losses[0] = evaluate(_params(pipe, state))
+    val_losses[0] = evaluate(pipe.params(state))
     if is_primary():
       log.write_text("")
       if config.diagnose_every:
@@ -239,7 +206,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
     step, state, losses, val_losses = restored
     losses, val_losses = losses.copy(), val_losses.copy()
     timing.update(_read_json(run_dir / "timing.json") or {})
-    _truncate_log(log, step - _lag(pipe))
+    _truncate_log(log, step - pipe.lag)
     _truncate_log(diag_log, step - 1)  # the window at ``step`` is logged again
   timing["build_seconds"] += built
   timing["checkpoint_seconds"] += restore_seconds
@@ -273,11 +240,10 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
                               "gradient_cosine": found["gradient_cosine"].mean(axis=0).tolist(),
                               "flip_rate": found["flip_rate"].tolist()}) + "\n")
     batches = ds.batches(config.seed, step, config.chunk, config.batch_size, context)
-    if not on_devices:
-      batches = ps.shard_batches(batches, mesh)
+    batches = pipe.place_batches(batches, mesh)
     t0 = time.perf_counter()
     try:
-      state, done, chunk_losses, grad_norms = _advance(pipe, state, batches, step)
+      state, (done, chunk_losses, grad_norms) = pipe.advance(state, batches)
     except jax.errors.JaxRuntimeError as e:
       if "RESOURCE_EXHAUSTED" not in str(e):
         raise
@@ -292,10 +258,10 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
       timing["steady_steps"] += config.chunk
     step += config.chunk
     finite = bool(np.all(np.isfinite(chunk_losses)))
-    # On devices the last evaluation waits for the drain (every stage at every update).
+    # A pipeline that flushes evaluates last after the flush (every stage at every update).
     val_loss = None
-    if finite and step % config.eval_every == 0 and not (on_devices and step == config.steps):
-      val_loss = val_losses[step // config.eval_every] = evaluate(_params(pipe, state))
+    if finite and step % config.eval_every == 0 and not (pipe.flushes and step == config.steps):
+      val_loss = val_losses[step // config.eval_every] = evaluate(pipe.params(state))
     log_steps(done, chunk_losses, grad_norms, elapsed / config.chunk, val_loss)
     if progress is not None:
       progress.set_postfix({**note, "loss": f"{np.mean(chunk_losses):.3f}" if len(done) else "-"},
@@ -308,10 +274,10 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
       save(step)
       write_json(run_dir / "timing.json", timing)
   if status == "finished":
-    state, (done, tail_losses, tail_norms) = _drain(pipe, state)
+    state, (done, tail_losses, tail_norms) = pipe.finish(state)
     val_loss = None
-    if on_devices and config.steps % config.eval_every == 0 and np.all(np.isfinite(tail_losses)):
-      val_loss = val_losses[-1] = evaluate(_params(pipe, state))
+    if pipe.flushes and config.steps % config.eval_every == 0 and np.all(np.isfinite(tail_losses)):
+      val_loss = val_losses[-1] = evaluate(pipe.params(state))
     if not log_steps(done, tail_losses, tail_norms, 0.0, val_loss):
       status = "diverged"
   if status == "finished":
@@ -326,7 +292,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
       "steps_per_second": steady, "jobs": jobs,
       "overhead_seconds": {k: timing[f"{k}_seconds"] for k in ("build", "eval", "checkpoint")},
       "buffer_bytes": pipe.buffer_bytes(state),
-      "num_params": model_lib.count_params(_params(pipe, state)),
+      "num_params": model_lib.count_params(pipe.params(state)),
       "data": {"name": ds.name, "sha256": ds.sha256, "tokens": ds.num_tokens,
                "vocab_size": ds.vocab_size},
       "versions": provenance.versions(), "devices": mesh.size,
