@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from experiments.report import claims, metrics
+from experiments.report import ablations, claims, metrics
 from experiments.report.tables import curves_by, seed_tables
 
 WINDOW = 30
@@ -103,12 +103,12 @@ def _variants(stretches, seeds=(0, 1, 2)):
 
 def test_the_taxonomy_claims_judge_both_ends_of_the_ordering():
   paper = {"rotation": 1.5, "rotation-2nd-uni": 2.0, "rotation-1st-bi": 2.5, "rotation-1st-uni": 3.0}
-  got = claims.ablation_claims({"variants": _variants(paper)}, WINDOW, {})
+  got = ablations.ablation_claims({"variants": _variants(paper)}, WINDOW, {})
   assert [c.verdict for c in got] == ["reproduced", "reproduced"]
   assert abs(got[0].interval["mean"] - 2.0 / 1.5) < 0.05  # 2nd/uni's slowdown over rotation's
   assert abs(got[1].interval["mean"] - 3.0 / 2.5) < 0.05  # 1st/uni's over 1st/bi's
   flipped = {**paper, "rotation-1st-uni": 1.2}  # first-order unilateral now the fastest
-  got = claims.ablation_claims({"variants": _variants(flipped)}, WINDOW, {})
+  got = ablations.ablation_claims({"variants": _variants(flipped)}, WINDOW, {})
   assert [c.verdict for c in got] == ["refuted", "refuted"]
 
 
@@ -124,7 +124,7 @@ def test_no_stashing_claims_pair_each_seed_with_its_own_stashed_run():
   shifted = [{**r, "losses": list(np.add(r["losses"], seed_shift.get(r["config"]["seed"], 0.0)))}
              for r in main]
   degrade = [unstashed(r) for r in shifted if r["config"]["seed"] in seed_shift]
-  got = claims.ablation_claims({"no-stashing": degrade}, WINDOW, curves_by(shifted))
+  got = ablations.ablation_claims({"no-stashing": degrade}, WINDOW, curves_by(shifted))
   hurt, margin = got
   assert [hurt.verdict, margin.verdict] == ["reproduced", "reproduced"], got
   # by seed, the smallest baseline change is nesterov's 0.4 (+ the seed's 0.01 s, at P = 8 and 1
@@ -133,22 +133,22 @@ def test_no_stashing_claims_pair_each_seed_with_its_own_stashed_run():
   np.testing.assert_allclose(margin.values, [0.3, 0.3, 0.3], atol=1e-9)
   rotation_worse = [{**r, "losses": list(np.add(r["losses"], 0.5 * (r["config"]["method"] == "rotation")
                                                  * (r["config"]["stages"] > 1)))} for r in degrade]
-  got = claims.ablation_claims({"no-stashing": rotation_worse}, WINDOW, curves_by(shifted))
+  got = ablations.ablation_claims({"no-stashing": rotation_worse}, WINDOW, curves_by(shifted))
   assert got[1].verdict == "refuted" and np.allclose(got[1].values, -0.2)
 
 
 def test_the_bases_claims_follow_the_mechanisms_ordering():
   order = {"rotation-random": 4.0, "rotation-frozen": 2.5, "rotation": 1.5}
   coordinate = [r for r in _variants({"pipedream": 3.0}) if r["config"]["method"] == "pipedream"]
-  got = claims.ablation_claims({"bases": _variants(order)}, WINDOW, curves_by(coordinate))
+  got = ablations.ablation_claims({"bases": _variants(order)}, WINDOW, curves_by(coordinate))
   assert [c.verdict for c in got] == ["reproduced"] * 3
   for c, want in zip(got, (4.0 / 3.0, 3.0 / 2.5, 2.5 / 1.5)):
     assert abs(c.interval["mean"] - want) < 0.05, (c.claim, c.interval["mean"], want)
   # a random basis slowing down less than the coordinate one (as in the earlier, unrebuilt study)
-  got = claims.ablation_claims({"bases": _variants({**order, "rotation-random": 2.0})}, WINDOW,
+  got = ablations.ablation_claims({"bases": _variants({**order, "rotation-random": 2.0})}, WINDOW,
                                curves_by(coordinate))
   assert got[0].verdict == "refuted"
-  assert claims.ablation_claims({"bases": _variants(order)}, WINDOW, {})[0].verdict == "inconclusive"
+  assert ablations.ablation_claims({"bases": _variants(order)}, WINDOW, {})[0].verdict == "inconclusive"
 
 
 def test_the_width_claims_read_the_lead_and_the_final_loss_per_width():
@@ -161,7 +161,7 @@ def test_the_width_claims_read_the_lead_and_the_final_loss_per_width():
         for p in (1, 8):
           r = _run(m, p, stretch if p == 8 else (1.0 if m == "nesterov" else 1.0 / k), seed, end=end)
           runs.append({**r, "config": {**r["config"], "width": w}})
-  lead, lower = claims.ablation_claims({"width": runs}, WINDOW, {})
+  lead, lower = ablations.ablation_claims({"width": runs}, WINDOW, {})
   assert lead.verdict == "reproduced" and lower.verdict == "reproduced"
   assert abs(lead.interval["mean"] - (75.0 - 20.0)) < 3.0  # 75% fewer at width 128, 20% at 32
   span = 2 * (WINDOW // 2) + 1  # the centred window's last full position: the mean of the last span
@@ -171,7 +171,7 @@ def test_the_width_claims_read_the_lead_and_the_final_loss_per_width():
   np.testing.assert_allclose(lower.values, steps, rtol=1e-9)
   narrow_first = [{**r, "config": {**r["config"], "width": {32: 128, 128: 32}.get(w, w)}}
                   for r in runs for w in [r["config"]["width"]]]
-  lead, lower = claims.ablation_claims({"width": narrow_first}, WINDOW, {})
+  lead, lower = ablations.ablation_claims({"width": narrow_first}, WINDOW, {})
   assert lead.verdict == "refuted" and lower.verdict != "reproduced"
 
 
@@ -314,6 +314,6 @@ def test_a_study_in_progress_claims_only_what_its_finished_runs_can_say():
   one_width = with_(_variants({"nesterov": 3, "rotation": 2}), width=32)
   p1 = with_([r for r in _study(2.0, 4.0) if r["config"]["stages"] == 1], mode="no_stashing")
   main = curves_by(_study(2.0, 4.0))
-  assert claims.ablation_claims({"width": one_width, "no-stashing": p1, "moe": p1}, WINDOW, main) == []
+  assert ablations.ablation_claims({"width": one_width, "no-stashing": p1, "moe": p1}, WINDOW, main) == []
   two = one_width + with_(one_width, width=64)
-  assert len(claims.ablation_claims({"width": two}, WINDOW, main)) == 2
+  assert len(ablations.ablation_claims({"width": two}, WINDOW, main)) == 2

@@ -51,9 +51,19 @@ def _cycle(graph):
 
 def test_no_import_cycle_among_the_projects_modules():
   graph = _graph()
-  assert {"experiments.report", "experiments.sweep", "experiments.sweep.ablations"} <= set(graph)
-  assert "experiments.report.sections" in graph["experiments.sweep.ablations"]  # the graph sees real imports
+  assert {"experiments.report", "experiments.sweep", "experiments.report.ablations"} <= set(graph)
+  assert "experiments.report.sections" in graph["experiments.report.ablations"]  # the graph sees real imports
   assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_no_import_runs_back_up_the_roles():
+  """experiments' roles import downward only: harness < report < sweep < studies, bench (a report is
+  built from curves, whoever trained them; the sweep and the studies write reports)."""
+  rank = {"harness": 0, "report": 1, "sweep": 2, "studies": 3, "bench": 3}
+  role = lambda m: m.split(".")[1] if m.startswith("experiments.") and m.count(".") >= 2 else None
+  up = sorted((a, b) for a, deps in _graph().items() for b in deps
+              if role(a) in rank and role(b) in rank and rank[role(b)] > rank[role(a)])
+  assert up == [], up
 
 
 def test_the_cycle_finder_finds_a_cycle():

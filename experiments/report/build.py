@@ -25,12 +25,12 @@ import tempfile
 
 import numpy as np
 
+from experiments.report import ablations as ablations_lib
 from experiments.report import claims as claims_lib
 from experiments.report import curves as curves_lib
 from experiments.report import metrics, sections
 from experiments.report import summary as summary_lib
 from experiments.report.tables import curves_by, final_loss
-from experiments.sweep import ablations as ablations_lib
 
 TUNED = "tuned-lr"  # the group of runs at a method's own tuned rate (the second reading)
 
@@ -147,7 +147,7 @@ def report_claims(main, second, choice, groups, window: int) -> list:
   if choice:
     tables2, muon2 = claims_lib.claim_tables(curves_by(second), window)
     out += claims_lib.main_claims(tables2, " (second reading)", muon2)
-  return out + claims_lib.ablation_claims(groups, window, curves_by(main) if main else {})
+  return out + ablations_lib.ablation_claims(groups, window, curves_by(main) if main else {})
 
 
 def build(source, out=None, methods=None, command: str | None = None, figures: bool = True) -> dict:

@@ -26,9 +26,9 @@ import dataclasses
 import numpy as np
 import scipy.stats
 
-from experiments.harness.methods import ALLOCATIONS, BASELINES, VARIANTS
+from experiments.harness.methods import BASELINES
 from experiments.report import metrics
-from experiments.report.tables import blocks_of, curves_by, seed_tables, stage_aware_rows, width_of
+from experiments.report.tables import seed_tables
 
 VERDICTS = ("reproduced", "refuted", "inconclusive")
 ALPHA = 0.05  # the family-wise error rate of one report's claims
@@ -200,17 +200,17 @@ def robust(claims: list[Claim], readings: dict) -> list[Claim]:
   return out
 
 
-def _at(rows, method, p):
+def row_at(rows, method, p):
   return next((r for r in rows if r["method"] == method and r["stages"] == p), None)
 
 
 def least_ratio(rows, field: str, method: str, others, p: int):
   """Per seed: the smallest ``field`` of ``others`` over ``method``'s (> 1: ``method``'s is the
   smallest); a diverged other counts as infinitely slow, a missing own value is the reason."""
-  own = (_at(rows, method, p) or {}).get(field)
+  own = (row_at(rows, method, p) or {}).get(field)
   if own is None:
     return f"{method} diverged or shares no levels"
-  vals = [(_at(rows, m, p) or {}).get(field) for m in others]
+  vals = [(row_at(rows, m, p) or {}).get(field) for m in others]
   finite = [v for v in vals if v is not None]
   return min(finite) / own if finite else "every other method diverged"
 
@@ -224,12 +224,12 @@ def main_claims(tables, reading: str = "", muon_tables=None) -> list[Claim]:
   if top == 1:
     return [Claim("every claim about staleness", "P up to 32", "this sweep ran P = 1 only",
                   "inconclusive", "not measured")]
-  base = [b for b in BASELINES if any(_at(t, b, top) for t in tables)]
-  if not any(_at(t, "rotation", top) for t in tables) or not base:
+  base = [b for b in BASELINES if any(row_at(t, b, top) for t in tables)]
+  if not any(row_at(t, "rotation", top) for t in tables) or not base:
     return []
   named = "" if tuple(base) == BASELINES else f" (baselines in this report: {', '.join(base)})"
   suffix = f"{named}{reading}"
-  rows = lambda p, m: [(_at(t, m, p) or {}) for t in tables]
+  rows = lambda p, m: [(row_at(t, m, p) or {}) for t in tables]
   field = lambda p, m, f: [r.get(f) for r in rows(p, m)]
   each = "; ".join(f"{m} " + describe(field(top, m, "slowdown_levels"),
                                       metrics.interval(field(top, m, "slowdown_levels"), log=True))
@@ -256,8 +256,9 @@ def main_claims(tables, reading: str = "", muon_tables=None) -> list[Claim]:
                        control, metrics.interval(field(1, "rotation", "fewer_top")), "{:+.1f}%")
                    + f"; at P = {top}: "))
   muon_tables = tables if muon_tables is None else muon_tables
-  if any(_at(t, "muon", top) for t in muon_tables) and any(_at(t, "pipedream", top) for t in muon_tables):
-    gap = lambda t, m: (_final(_at(t, m, top)) - _final(_at(t, m, 1)))
+  has = lambda m: any(row_at(t, m, top) for t in muon_tables)
+  if has("muon") and has("pipedream"):
+    gap = lambda t, m: (final_of(row_at(t, m, top)) - final_of(row_at(t, m, 1)))
     diffs = [gap(t, "pipedream") - gap(t, "muon") for t in muon_tables]
     out.append(check(f"Muon degrades less than AdamW under the delay (final-loss gap to P = 1 at "
                      f"P = {top}){reading}", "AdamW's validation gap > 0.2, Muon's 0.012 (arXiv "
@@ -315,152 +316,24 @@ def leave_one_out(seeds, values, threshold: float, side: int = 1, log: bool = Fa
   return out
 
 
-def _final(row) -> float:
+def final_of(row) -> float:
   """A row's final smoothed loss; ``inf`` for a run that diverged or did not finish."""
   return np.inf if row is None or row["final"] is None else row["final"]
 
 
-def _tables_by_seed(curves: dict, window: int) -> dict:
+def seed_keyed_tables(curves: dict, window: int) -> dict:
   """``seed_tables`` keyed by seed (the seeds every curve in ``curves`` holds)."""
   seeds = sorted(set.intersection(*(set(v) for v in curves.values()))) if curves else []
   return dict(zip(seeds, seed_tables(curves, window)))
 
 
-def _slower(rows, method: str, others, p: int):
+def slower(rows, method: str, others, p: int):
   """Per seed: ``method``'s slowdown over the largest of ``others``' (> 1: ``method``'s is the
   largest); a seed where any of them has no slowdown gets the reason."""
-  vals = [(_at(rows, m, p) or {}).get("slowdown_levels") for m in (method, *others)]
+  vals = [(row_at(rows, m, p) or {}).get("slowdown_levels") for m in (method, *others)]
   if any(v is None for v in vals):
     return "a run diverged, shares no levels or has not run"
   return vals[0] / max(vals[1:])
-
-
-def ablation_claims(groups, window: int, main_curves: dict) -> list[Claim]:
-  """The claims of the ablations in ``groups`` (``{name: results}``), one number per seed, beside
-  the main study's curves ``main_curves`` (``curves_by``) where a claim compares with them (no
-  stashing against stashing; the coordinate basis, PipeDream, among the bases), paired by seed."""
-  out = []
-
-  def study(name, borrowed=()):  # ({seed: table}, largest P): the ablation's runs + borrowed main runs
-    curves = curves_by(groups[name])
-    stages = {p for _, p in curves}
-    curves.update({k: v for k, v in main_curves.items()
-                   if k[0] in borrowed and k[1] in stages and k not in curves})
-    tables = _tables_by_seed(curves, window)
-    return tables, max(p for _, p in curves)
-
-  staleness = lambda name: name in groups and max(r["config"]["stages"] for r in groups[name]) > 1
-  if staleness("variants"):
-    tables, top = study("variants")
-    others = [v for v in VARIANTS if v != "rotation"]
-    out.append(check(f"second-order bilateral slows down least of the 2 x 2 taxonomy (P = {top})",
-                     "2nd/bi 1.27, 2nd/uni 1.66, 1st/bi 1.77, 1st/uni 2.55",
-                     [least_ratio(t, "slowdown_levels", "rotation", others, top) for t in tables.values()],
-                     1.0, log=True, context="smallest other variant's slowdown / rotation's: "))
-    last = "rotation-1st-uni"
-    out.append(check(f"first-order unilateral slows down most of the 2 x 2 taxonomy (P = {top})",
-                     "1st/uni 2.55 against 1.27-1.77",
-                     [_slower(t, last, [v for v in VARIANTS if v != last], top) for t in tables.values()],
-                     1.0, log=True, context="its slowdown / the largest other variant's: "))
-  if "stage-aware" in groups:
-    _, rows = stage_aware_rows(curves_by(groups["stage-aware"]), ALLOCATIONS, window)
-    why = "an allocation diverged or never reached the target"
-    for method, claim, paper, side in (
-        ("rotation-sa", "stage-aware (proportional) refresh converges faster than uniform at equal "
-         "budget", "+29.2%", 1), ("rotation-sa-reverse", "reverse allocation does worse than uniform",
-                                  "worse", -1)):
-      values = [why if v is None else v for v in rows[method]["per_seed"]]
-      out.append(check(claim, paper, values, 1.0, side, "{:.3f}", "uniform's iterations over the "
-                       "allocation's (1.292: +29.2%): ", log=True))
-  if staleness("no-stashing"):
-    tables, top = study("no-stashing")
-    main = _tables_by_seed({k: v for k, v in main_curves.items()
-                            if k[0] in BASELINES + ("rotation",) and k[1] in (1, top)}, window)
-    names = [m for m in BASELINES if any(_at(t, m, top) for t in main.values())]
-    seeds = sorted(set(tables) & set(main))
-
-    def changes(s):  # final loss at top without stashing minus with (NaN: the stashed run diverged)
-      with_ = {m: _final(_at(main[s], m, top)) for m in names + ["rotation"]}
-      return {m: _final(_at(tables[s], m, top)) - v if np.isfinite(v) else np.nan for m, v in with_.items()}
-
-    def margin(s):  # smallest baseline degradation minus rotation's
-      change = changes(s)
-      if not np.isfinite(change["rotation"]):
-        return "rotation diverged or did not finish"
-      finite = [change[m] for m in names if np.isfinite(change[m])]
-      return min(finite) - change["rotation"] if finite else "every baseline diverged"
-
-    def hurt(s):  # the smallest degradation among the baselines that finished both ways
-      finite = [v for m, v in changes(s).items() if m != "rotation" and np.isfinite(v)]
-      return min(finite) if finite else "no baseline finished with and without stashing"
-    if names:
-      out.append(check(f"without weight stashing every baseline ends higher (P = {top})",
-                       "the baselines degrade severely", [hurt(s) for s in seeds], 0.0, spec="{:+.3f}",
-                       context="smallest baseline final-loss change (without minus with stashing): "))
-      out.append(check(f"without weight stashing rotation degrades less than every baseline (P = {top})",
-                       "baselines severely, rotation barely", [margin(s) for s in seeds], 0.0,
-                       spec="{:+.3f}", context="smallest baseline final-loss change minus rotation's: "))
-  if staleness("bases"):
-    tables, top = study("bases", borrowed=("pipedream",))
-    mechanism = "the misalignment mechanism: random > coordinate > frozen >= refreshed"
-    for slow, fast, claim in (
-        ("rotation-random", "pipedream", "a random fixed basis slows down more than the coordinate basis"),
-        ("pipedream", "rotation-frozen", "the coordinate basis slows down more than the eigenbasis frozen "
-         "after 100 steps"),
-        ("rotation-frozen", "rotation", "the frozen eigenbasis slows down more than the refreshed one")):
-      out.append(check(f"{claim} (P = {top})", mechanism,
-                       [_slower(t, slow, [fast], top) for t in tables.values()], 1.0, log=True,
-                       context=f"{slow}'s slowdown / {fast}'s: "))
-  by_width = {}
-  for r in groups.get("width", []):
-    by_width.setdefault(width_of(r), []).append(r)
-  widths = sorted(by_width)
-  if staleness("width") and len(widths) > 1:  # (a study in progress may hold one width so far)
-    per = {w: _tables_by_seed(curves_by(by_width[w]), window) for w in widths}
-    top = max(r["config"]["stages"] for r in groups["width"])
-    seeds = sorted(set.intersection(*(set(v) for v in per.values())))
-    row = lambda w, s: _at(per[w][s], "rotation", top)  # None: not run (yet)
-
-    def lead(s):
-      a, b = ((row(w, s) or {}).get("fewer") for w in (widths[0], widths[-1]))
-      return "rotation or the baseline never reached a target" if a is None or b is None else b - a
-    out.append(check(f"rotation's lead over the best baseline grows with width {widths[0]} -> "
-                     f"{widths[-1]} (P = {top})", "71.6% -> 76.8% -> 81.7% fewer (95M, 1B, 3B)",
-                     [lead(s) for s in seeds], 0.0, spec="{:+.1f}",
-                     context="percent fewer iterations at the widest minus at the narrowest, points: "))
-    steps = [max(_final(row(b, s)) - _final(row(a, s)) for a, b in zip(widths, widths[1:])) for s in seeds]
-    out.append(check(f"with rotation, wider models reach lower loss (P = {top})", "bigger is better",
-                     [v if np.isfinite(v) else "a rotation run diverged or has not run" for v in steps],
-                     0.0, -1, "{:+.3f}", "largest final-loss change from one width to the next: "))
-  if "refresh-period" in groups:
-    tables, top = study("refresh-period", borrowed=BASELINES)
-    out.append(check(f"refresh period 10 beats 100 (final loss, P = {top})", "T = 10 better",
-                     [_final(_at(t, "rotation-T100", top)) - _final(_at(t, "rotation", top))
-                      for t in tables.values()], 0.0, spec="{:+.3f}",
-                     context="final loss of T = 100 minus T = 10: "))
-    if any(_at(t, b, top) for t in tables.values() for b in BASELINES):
-      best = lambda rows: min(_final(_at(rows, x, top)) for x in BASELINES)
-      out.append(check(f"even with refresh period 100 rotation ends below every baseline (P = {top})",
-                       "T = 100 still leads the baselines",
-                       [best(t) - _final(_at(t, "rotation-T100", top)) for t in tables.values()],
-                       0.0, spec="{:+.3f}", context="best baseline's final loss minus T = 100's: "))
-  if staleness("moe"):
-    tables, top = study("moe")
-    out.append(check(f"rotation helps a mixture-of-experts model (P = {top})", "fewer iterations",
-                     [(_at(t, "rotation", top) or {}).get("fewer") for t in tables.values()], 0.0,
-                     spec="{:+.1f}%", context="percent fewer than the best baseline: "))
-  if "scaling" in groups:
-    results = [r for r in groups["scaling"] if r["config"]["stages"] == blocks_of(r)]
-    curves = curves_by(results)
-    sizes = sorted({p for _, p in curves})
-    seeds = sorted(set.intersection(*(set(v) for v in curves.values())))
-    fin = lambda p, s: (metrics.final_smoothed(curves[("rotation", p)][s], window)
-                        if ("rotation", p) in curves else np.nan)
-    steps = [max(fin(b, s) - fin(a, s) for a, b in zip(sizes, sizes[1:])) for s in seeds]
-    out.append(check("with rotation, bigger models (blocks = P grown together) reach lower loss",
-                     "bigger is better", steps, 0.0, -1, "{:+.3f}",
-                     "largest final-loss change from one size to the next: "))
-  return out
 
 
 def section(claims: list[Claim], plumbing: bool = False,

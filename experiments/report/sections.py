@@ -1,5 +1,5 @@
 """Report sections: the main study and each ablation's tables and figures (``experiments.report``
-assembles them; ``experiments.sweep.ablations`` names the section of each ablation)."""
+assembles them; ``experiments.report.ablations`` names the section of each ablation)."""
 
 from __future__ import annotations
 

@@ -34,9 +34,9 @@ from experiments.harness import methods as methods_lib
 from experiments.harness import model as model_lib
 from experiments.harness import processes, provenance, runs
 from experiments.harness.config import EXECUTIONS, run_dir
+from experiments.report import ablations as ablations_lib
 from experiments.report import build as report
 from experiments.report import curves, metrics, tables
-from experiments.sweep import ablations as ablations_lib
 from experiments.sweep import presets as presets_lib
 from experiments.sweep import workers
 

@@ -22,7 +22,7 @@ class Preset:
     tuned_rates: a method's own tuned rate where it differs from ``learning_rates``: those runs
       (group ``tuned-lr``, every P and seed) are the second reading, and the report makes a tuned
       rate the main one only if it beats the shared rate by more than the seed noise.
-    ablations: ablation groups run by default (see ``experiments.sweep.ablations``).
+    ablations: ablation groups run by default (see ``experiments.report.ablations``).
     seeds: seeds run by default (every table shows their mean [min, max]).
     smooth_fraction: width of the centred moving-average window for targets, as a fraction of
       the steps (see ``experiments.report.metrics``).
