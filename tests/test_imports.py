@@ -79,3 +79,13 @@ def test_experiments_is_grouped_by_role_and_no_module_is_over_600_lines():
   long = {str(p.relative_to(ROOT)): n for p in (ROOT / "experiments").rglob("*.py")
           if (n := len(p.read_text().splitlines())) > 600}
   assert not long, long
+
+
+def test_no_function_in_experiments_is_over_80_lines():
+  long = {}
+  for p in (ROOT / "experiments").rglob("*.py"):
+    for node in ast.walk(ast.parse(p.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if (n := node.end_lineno - node.lineno + 1) > 80:
+          long[f"{p.relative_to(ROOT)}:{node.name}"] = n
+  assert long == {}, long

@@ -118,6 +118,18 @@ def _memory(compiled) -> int:
   return int(m.argument_size_in_bytes + m.temp_size_in_bytes) if m is not None else 0
 
 
+def _data_parallel_line(emu, params, batches, devices) -> str:
+  """The emulator data-parallel over ``devices``: XLA's memory per device, state replicated or fsdp."""
+  import pipeline_sim as ps
+
+  mesh = ps.data_mesh(devices)
+  data_batches = ps.shard_batches(batches, mesh)
+  replicated = _memory(emu.run.lower(ps.replicate(emu.init(params), mesh), data_batches).compile())
+  sharded = _memory(emu.run.lower(ps.fsdp(emu.init(params), mesh), data_batches).compile())
+  return (f"emulator data-parallel over {len(devices)} devices, memory per device: replicated state "
+          f"{replicated / 2**20:.2f} MiB, fsdp {sharded / 2**20:.2f} MiB (ratio {sharded / replicated:.3f})")
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m experiments.bench.devices", description=__doc__)
   parser.add_argument("--stages", type=int, default=4)
@@ -193,14 +205,7 @@ def main(argv=None):
   print("init, peak live bytes per device (sampled): "
         + ", ".join(f"{init_peak.get(d, 0) / 2**20:.2f}" for d in devices)
         + f" MiB; each stage's own carry {own / 2**20:.2f} MiB")
-  import pipeline_sim as ps
-  mesh = ps.data_mesh(devices)
-  data_batches = ps.shard_batches(batches, mesh)
-  fsdp_state = ps.fsdp(emu.init(params), mesh)
-  replicated = _memory(emu.run.lower(ps.replicate(emu.init(params), mesh), data_batches).compile())
-  sharded = _memory(emu.run.lower(fsdp_state, data_batches).compile())
-  print(f"emulator data-parallel over {len(devices)} devices, memory per device: replicated state "
-        f"{replicated / 2**20:.2f} MiB, fsdp {sharded / 2**20:.2f} MiB (ratio {sharded / replicated:.3f})")
+  print(_data_parallel_line(emu, params, batches, devices))
   stash = np.asarray(mem["stash_per_stage"])
   print(f"weight stash per stage (tau_k + 1 versions): {', '.join(f'{b / 2**10:.0f}' for b in stash)} KiB; "
         f"largest on one device {stash.max() / 2**10:.0f} KiB vs the emulator's rings "

@@ -123,6 +123,151 @@ def check_identity(run_dir: pathlib.Path, ident: dict) -> None:
                      "use another --out or remove that folder")
 
 
+class _Record:
+  """What one run writes as it trains: its losses, validation losses, timing and logs (the metrics
+  log, the diagnostics log), each method one step of the bookkeeping ``train`` does."""
+
+  def __init__(self, config: RunConfig, run_dir: pathlib.Path, evaluate_loss):
+    self.config, self.evaluate_loss = config, evaluate_loss
+    self.losses = np.full(config.steps, np.nan, np.float32)
+    self.val_losses = np.full(config.steps // config.eval_every + 1, np.nan, np.float32)
+    # Seconds of the chunks (compile_seconds: the first one's, with compilation) and, outside them,
+    # of building the state, evaluating and checkpointing (restoring included); summed over resumes.
+    self.timing = {"seconds": 0.0, "steady_seconds": 0.0, "steady_steps": 0, "compile_seconds": None,
+                   "build_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
+    self.log, self.diag_log = run_dir / "metrics.jsonl", run_dir / "diagnostics.jsonl"
+    self.lr_at = learning_rates.warmup_cosine(config)
+    self.compiled = False  # this process has run a chunk (compiled the step)
+
+  def evaluate(self, params) -> float:
+    t0 = time.perf_counter()
+    loss = float(self.evaluate_loss(params))
+    self.timing["eval_seconds"] += time.perf_counter() - t0
+    return loss
+
+  def save(self, ckpt, step, state) -> None:
+    t0 = time.perf_counter()
+    ckpt.save(step, state, self.losses, self.val_losses)
+    self.timing["checkpoint_seconds"] += time.perf_counter() - t0
+
+  def start(self, restored, lag: int):
+    """A fresh log, or the restored losses and timing with the logs cut back to the checkpoint.
+    Returns the step to start at and the restored state (``None``: fresh)."""
+    if restored is None:
+      if is_primary():
+        self.log.write_text("")
+        if self.config.diagnose_every:
+          self.diag_log.write_text("")
+      return 0, None
+    step, state, losses, val_losses = restored
+    self.losses, self.val_losses = losses.copy(), val_losses.copy()
+    self.timing.update(_read_json(self.log.parent / "timing.json") or {})
+    _truncate_log(self.log, step - lag)
+    _truncate_log(self.diag_log, step - 1)  # the window at ``step`` is logged again
+    return step, state
+
+  def chunk_seconds(self, elapsed: float) -> None:
+    """A chunk's seconds; this process's first chunk includes compilation and is kept out of the
+    steady-state rate."""
+    self.timing["seconds"] += elapsed
+    if not self.compiled:
+      self.compiled = True
+      self.timing["compile_seconds"] = self.timing["compile_seconds"] or elapsed
+    else:
+      self.timing["steady_seconds"] += elapsed
+      self.timing["steady_steps"] += self.config.chunk
+
+  def steps(self, done, chunk_losses, grad_norms, seconds, val_loss=None) -> bool:
+    """Logs the completed steps; whether their losses are all finite."""
+    self.losses[done] = chunk_losses
+    lrs = np.asarray(self.lr_at(done))
+    records = [{"step": int(j) + 1, "loss": float(x), "lr": float(r), "grad_norm": float(g),
+                "seconds": seconds} for j, x, r, g in zip(done, chunk_losses, lrs, grad_norms)]
+    if val_loss is not None and records:
+      records[-1]["val_loss"] = val_loss
+    if is_primary():
+      with open(self.log, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return bool(np.all(np.isfinite(chunk_losses)))
+
+  def diagnose(self, pipe, state, ds: Dataset, step: int, context: int, mesh) -> None:
+    c = self.config
+    trial = ds.batches(c.seed, step, c.diagnose_steps, c.batch_size, context)
+    found = pipe.diagnose(state, ps.shard_batches(trial, mesh))
+    if is_primary():
+      with open(self.diag_log, "a") as f:
+        f.write(json.dumps({"step": step, "cosine": found["cosine"].mean(axis=0).tolist(),
+                            "gradient_cosine": found["gradient_cosine"].mean(axis=0).tolist(),
+                            "flip_rate": found["flip_rate"].tolist()}) + "\n")
+
+  def result(self, run_dir, ident, status, step, pipe, state, ds, mesh, jobs) -> dict:
+    c, timing = self.config, self.timing
+    steady = timing["steady_steps"] / timing["steady_seconds"] if timing["steady_seconds"] else None
+    result = {
+        "name": run_dir.name, "config": dataclasses.asdict(c), "identity": ident,
+        "status": status, "steps_done": int(step), "losses": [float(x) for x in self.losses],
+        "val_steps": [i * c.eval_every for i in range(len(self.val_losses))],
+        "val_losses": [float(x) for x in self.val_losses],
+        "seconds": timing["seconds"], "compile_seconds": timing["compile_seconds"],
+        "steps_per_second": steady, "jobs": jobs,
+        "overhead_seconds": {k: timing[f"{k}_seconds"] for k in ("build", "eval", "checkpoint")},
+        "buffer_bytes": pipe.buffer_bytes(state),
+        "num_params": model_lib.count_params(pipe.params(state)),
+        "data": {"name": ds.name, "sha256": ds.sha256, "tokens": ds.num_tokens,
+                 "vocab_size": ds.vocab_size},
+        "versions": provenance.versions(), "devices": mesh.size,
+    }
+    if c.diagnose_every:
+      result["diagnostics"] = [json.loads(line) for line in self.diag_log.read_text().splitlines()]
+    return result
+
+
+def _validation(config: RunConfig, ds: Dataset, loss_fn, context: int, mesh):
+  """``params -> mean validation loss`` over the run's ``eval_batches`` validation batches."""
+  valid = [ds.batch(10_000 + config.seed, j, config.batch_size, context, split="valid")
+           for j in range(config.eval_batches)]
+  valid = ps.shard_batches(jax.tree.map(lambda *xs: np.stack(xs), *valid), mesh)
+  mean_loss = jax.jit(lambda params, valid: jnp.mean(jax.lax.map(lambda b: loss_fn(params, b), valid)))
+  return lambda params: mean_loss(params, valid)  # valid is an argument: it may span several hosts
+
+
+def _advance(pipe, state, batches, config: RunConfig, run_name: str):
+  """One chunk; running out of device memory is one line naming the run and what to change."""
+  try:
+    return pipe.advance(state, batches)
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    raise OutOfMemory(out_of_memory(config, run_name, e)) from None
+
+
+def _checked_identity(config: RunConfig, ds: Dataset, run_dir: pathlib.Path, devices, mesh) -> dict:
+  """The run's identity (its config, data, vocabulary and device count), checked against what
+  ``run_dir`` already holds."""
+  local = jax.local_device_count() if devices is None else len(list(devices))
+  ident = identity(config, ds.sha256, ds.vocab_size, local if config.execution == "devices" else mesh.size)
+  check_identity(run_dir, ident)
+  return ident
+
+
+def _progress_start(progress, total: int, step: int, note: dict) -> None:
+  progress.reset(total=total)
+  progress.update(step)
+  if note:
+    progress.set_postfix(note, refresh=True)
+
+
+def _flush(pipe, state, rec: _Record):
+  """The batches still in flight completed and logged, with the last evaluation after them where
+  the pipeline flushes. Returns ``(state, whether their losses are finite)``."""
+  config = rec.config
+  state, (done, tail_losses, tail_norms) = pipe.finish(state)
+  val_loss = None
+  if pipe.flushes and config.steps % config.eval_every == 0 and np.all(np.isfinite(tail_losses)):
+    val_loss = rec.val_losses[-1] = rec.evaluate(pipe.params(state))
+  return state, rec.steps(done, tail_losses, tail_norms, 0.0, val_loss)
+
+
 def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
           jobs: int = 1) -> dict:
   """Trains (or resumes, or just loads) one run; returns its result dict.
@@ -130,16 +275,10 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
   Every micro-batch is sharded along a ``data`` mesh axis over ``devices`` (default: every local
   device) and the pipeline state is replicated (``pipeline_sim.sharding``); on one device nothing
   changes. Results agree across device counts to float32 round-off (reduction order), not bitwise.
-
-  Args:
-    config: the run.
-    ds: the dataset.
-    run_dir: the run's folder (created); see ``run_name``.
-    progress: optional ``tqdm``-like bar (``reset``, ``update``, ``set_postfix``) advanced by steps.
-    devices: the devices of the data mesh (default ``jax.devices()``: every process's; the device
-      pipeline uses the local ones).
-    jobs: runs trained at once on this host, this one included (a sweep's ``--jobs``), recorded
-      in the result: above 1, its seconds include the others' load.
+  ``run_dir`` is the run's folder (created; see ``run_name``); ``progress`` an optional ``tqdm``-like
+  bar advanced by steps; ``devices`` the data mesh's (default ``jax.devices()``; the device pipeline
+  uses the local ones); ``jobs`` the runs trained at once on this host (a sweep's ``--jobs``),
+  recorded in the result: above 1, its seconds include the others' load.
   """
   run_dir = pathlib.Path(run_dir)
   config.validate()
@@ -147,12 +286,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
     run_dir.mkdir(parents=True, exist_ok=True)
   barrier(f"run folder {run_dir}")
   mesh = ps.data_mesh(devices)
-  if config.execution == "devices":
-    count = jax.local_device_count() if devices is None else len(list(devices))
-  else:
-    count = mesh.size
-  ident = identity(config, ds.sha256, ds.vocab_size, count)
-  check_identity(run_dir, ident)
+  ident = _checked_identity(config, ds, run_dir, devices, mesh)
   done = load_result(run_dir)
   if done is not None:
     return done
@@ -160,109 +294,41 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
     raise ValueError(f"batch_size {config.batch_size} is not divisible by the {mesh.size} devices; "
                      "choose a multiple (--batch-size)")
   t0 = time.perf_counter()
-  pipe, state, graphdef, loss_fn = build(config, ds, devices)
-  state = pipe.place(state, mesh, config.fsdp)
-  jax.block_until_ready(state)
+  pipe, state, _, loss_fn = build(config, ds, devices)
+  state = jax.block_until_ready(pipe.place(state, mesh, config.fsdp))
   built = time.perf_counter() - t0
   context = config.model_config(ds.vocab_size).context
-  valid = [ds.batch(10_000 + config.seed, j, config.batch_size, context, split="valid")
-           for j in range(config.eval_batches)]
-  valid = ps.shard_batches(jax.tree.map(lambda *xs: np.stack(xs), *valid), mesh)
-  mean_loss = jax.jit(lambda params, valid: jnp.mean(jax.lax.map(lambda b: loss_fn(params, b), valid)))
-
-  def evaluate(params):  # valid is an argument: it may span several hosts
-    t0 = time.perf_counter()
-    loss = float(mean_loss(params, valid))
-    timing["eval_seconds"] += time.perf_counter() - t0
-    return loss
-
-  def save(step):
-    t0 = time.perf_counter()
-    ckpt.save(step, state, losses, val_losses)
-    timing["checkpoint_seconds"] += time.perf_counter() - t0
-
-  lr_at = learning_rates.warmup_cosine(config)
-
-  losses = np.full(config.steps, np.nan, np.float32)
-  val_losses = np.full(config.steps // config.eval_every + 1, np.nan, np.float32)
+  rec = _Record(config, run_dir, _validation(config, ds, loss_fn, context, mesh))
   ckpt = _Checkpoints(run_dir / "checkpoints")
   t0 = time.perf_counter()
-  restored = ckpt.restore(state, losses, val_losses)
+  restored = ckpt.restore(state, rec.losses, rec.val_losses)
   restore_seconds = time.perf_counter() - t0
-  step, status = 0, "finished"
-  # Seconds of the chunks (compile_seconds: the first one's, with compilation) and, outside them,
-  # of building the state, evaluating and checkpointing (restoring included); summed over resumes.
-  timing = {"seconds": 0.0, "steady_seconds": 0.0, "steady_steps": 0, "compile_seconds": None,
-            "build_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
-  log = run_dir / "metrics.jsonl"
-  diag_log = run_dir / "diagnostics.jsonl"
+  status = "finished"
   if restored is None:
-    val_losses[0] = evaluate(pipe.params(state))
-    if is_primary():
-      log.write_text("")
-      if config.diagnose_every:
-        diag_log.write_text("")
-  else:
-    step, state, losses, val_losses = restored
-    losses, val_losses = losses.copy(), val_losses.copy()
-    timing.update(_read_json(run_dir / "timing.json") or {})
-    _truncate_log(log, step - pipe.lag)
-    _truncate_log(diag_log, step - 1)  # the window at ``step`` is logged again
-  timing["build_seconds"] += built
-  timing["checkpoint_seconds"] += restore_seconds
+    rec.val_losses[0] = rec.evaluate(pipe.params(state))
+  step, resumed = rec.start(restored, pipe.lag)
+  state = state if resumed is None else resumed
+  rec.timing["build_seconds"] += built
+  rec.timing["checkpoint_seconds"] += restore_seconds
   note = {} if restored is None else {"resumed at": step}
   if progress is not None:
-    progress.reset(total=config.steps)
-    progress.update(step)
-    if note:
-      progress.set_postfix(note, refresh=True)
-  first_chunk = True
-
-  def log_steps(done, chunk_losses, grad_norms, seconds, val_loss=None):
-    losses[done] = chunk_losses
-    lrs = np.asarray(lr_at(done))
-    records = [{"step": int(j) + 1, "loss": float(x), "lr": float(r), "grad_norm": float(g),
-                "seconds": seconds} for j, x, r, g in zip(done, chunk_losses, lrs, grad_norms)]
-    if val_loss is not None and records:
-      records[-1]["val_loss"] = val_loss
-    if is_primary():
-      with open(log, "a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    return bool(np.all(np.isfinite(chunk_losses)))
-
+    _progress_start(progress, config.steps, step, note)
   while step < config.steps:
     if config.diagnose_every and step and step % config.diagnose_every == 0:
-      trial = ds.batches(config.seed, step, config.diagnose_steps, config.batch_size, context)
-      found = pipe.diagnose(state, ps.shard_batches(trial, mesh))
-      if is_primary():
-        with open(diag_log, "a") as f:
-          f.write(json.dumps({"step": step, "cosine": found["cosine"].mean(axis=0).tolist(),
-                              "gradient_cosine": found["gradient_cosine"].mean(axis=0).tolist(),
-                              "flip_rate": found["flip_rate"].tolist()}) + "\n")
+      rec.diagnose(pipe, state, ds, step, context, mesh)
     batches = ds.batches(config.seed, step, config.chunk, config.batch_size, context)
     batches = pipe.place_batches(batches, mesh)
     t0 = time.perf_counter()
-    try:
-      state, (done, chunk_losses, grad_norms) = pipe.advance(state, batches)
-    except jax.errors.JaxRuntimeError as e:
-      if "RESOURCE_EXHAUSTED" not in str(e):
-        raise
-      raise OutOfMemory(out_of_memory(config, run_dir.name, e)) from None
+    state, (done, chunk_losses, grad_norms) = _advance(pipe, state, batches, config, run_dir.name)
     elapsed = time.perf_counter() - t0
-    timing["seconds"] += elapsed
-    if first_chunk:  # includes compilation: kept out of the steady-state rate
-      timing["compile_seconds"] = timing["compile_seconds"] or elapsed
-      first_chunk = False
-    else:
-      timing["steady_seconds"] += elapsed
-      timing["steady_steps"] += config.chunk
+    rec.chunk_seconds(elapsed)
     step += config.chunk
     finite = bool(np.all(np.isfinite(chunk_losses)))
     # A pipeline that flushes evaluates last after the flush (every stage at every update).
     val_loss = None
     if finite and step % config.eval_every == 0 and not (pipe.flushes and step == config.steps):
-      val_loss = val_losses[step // config.eval_every] = evaluate(pipe.params(state))
-    log_steps(done, chunk_losses, grad_norms, elapsed / config.chunk, val_loss)
+      val_loss = rec.val_losses[step // config.eval_every] = rec.evaluate(pipe.params(state))
+    rec.steps(done, chunk_losses, grad_norms, elapsed / config.chunk, val_loss)
     if progress is not None:
       progress.set_postfix({**note, "loss": f"{np.mean(chunk_losses):.3f}" if len(done) else "-"},
                            refresh=False)
@@ -271,34 +337,14 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
       status = "diverged"
       break
     if step % config.checkpoint_every == 0 and step < config.steps:
-      save(step)
-      write_json(run_dir / "timing.json", timing)
+      rec.save(ckpt, step, state)
+      write_json(run_dir / "timing.json", rec.timing)
   if status == "finished":
-    state, (done, tail_losses, tail_norms) = pipe.finish(state)
-    val_loss = None
-    if pipe.flushes and config.steps % config.eval_every == 0 and np.all(np.isfinite(tail_losses)):
-      val_loss = val_losses[-1] = evaluate(pipe.params(state))
-    if not log_steps(done, tail_losses, tail_norms, 0.0, val_loss):
-      status = "diverged"
+    state, finite = _flush(pipe, state, rec)
+    status = "finished" if finite else "diverged"
   if status == "finished":
-    save(step)  # the trained state, for diagnostics
-  steady = timing["steady_steps"] / timing["steady_seconds"] if timing["steady_seconds"] else None
-  result = {
-      "name": run_dir.name, "config": dataclasses.asdict(config), "identity": ident,
-      "status": status, "steps_done": int(step), "losses": [float(x) for x in losses],
-      "val_steps": [i * config.eval_every for i in range(len(val_losses))],
-      "val_losses": [float(x) for x in val_losses],
-      "seconds": timing["seconds"], "compile_seconds": timing["compile_seconds"],
-      "steps_per_second": steady, "jobs": jobs,
-      "overhead_seconds": {k: timing[f"{k}_seconds"] for k in ("build", "eval", "checkpoint")},
-      "buffer_bytes": pipe.buffer_bytes(state),
-      "num_params": model_lib.count_params(pipe.params(state)),
-      "data": {"name": ds.name, "sha256": ds.sha256, "tokens": ds.num_tokens,
-               "vocab_size": ds.vocab_size},
-      "versions": provenance.versions(), "devices": mesh.size,
-  }
-  if config.diagnose_every:
-    result["diagnostics"] = [json.loads(line) for line in diag_log.read_text().splitlines()]
+    rec.save(ckpt, step, state)  # the trained state, for diagnostics
+  result = rec.result(run_dir, ident, status, step, pipe, state, ds, mesh, jobs)
   write_json(run_dir / "result.json", result)
   return result
 

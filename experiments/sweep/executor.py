@@ -41,10 +41,8 @@ from experiments.sweep import presets as presets_lib
 from experiments.sweep import workers
 
 
-def parse_args(argv=None):
-  parser = argparse.ArgumentParser(
-      prog="python -m experiments.sweep", description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
+def _study_flags(parser) -> None:
+  """What the sweep trains: the preset, methods, depths, seeds, steps, rates and model."""
   parser.add_argument("--preset", default="cpu", help=f"one of {sorted(presets_lib.PRESETS)} (default cpu: "
                       "24 runs, seeds 0 and 1, about 25 minutes on a 2-core CPU); gpu-95m is the "
                       "paper's 95M model")
@@ -67,6 +65,10 @@ def parse_args(argv=None):
                       "model's head size")
   parser.add_argument("--refresh-every", type=int, help="basis refresh period of rotation methods "
                       "(default: each method's own, 10)")
+
+
+def _training_flags(parser) -> None:
+  """How each run trains: warm-up, decays, the remedies' settings, precision, memory and data."""
   parser.add_argument("--warmup", type=float, help="warm-up fraction of training (default: the "
                       "preset's, 0.012 as in the paper)")
   parser.add_argument("--warmup-steps", type=int, help="warm-up length in steps (instead of --warmup's "
@@ -95,6 +97,10 @@ def parse_args(argv=None):
   parser.add_argument("--data", help="a text file (bytes) or a nanoGPT-style uint16 .bin token file; "
                       "default: the Python standard library's source")
   parser.add_argument("--vocab-size", type=int, help="vocabulary of a .bin token file (default 50257)")
+
+
+def _pipeline_flags(parser) -> None:
+  """The pipeline: its mode, schedule, execution and the ablation groups."""
   parser.add_argument("--mode", default="weight_stashing", choices=ps.MODES,
                       help="pipeline emulation of the main study (default weight_stashing, PipeDream)")
   parser.add_argument("--schedule", choices=ps.SCHEDULES, help="asynchronous schedule (default 1f1b, "
@@ -108,6 +114,10 @@ def parse_args(argv=None):
   groups = "; ".join(f"{k}: {v.description.rstrip('.')}" for k, v in ablations_lib.ABLATIONS.items())
   parser.add_argument("--ablations", nargs="*", help="ablation groups (default: the preset's): "
                       + groups.replace("%", "%%"))  # argparse %-formats help strings
+
+
+def _output_flags(parser) -> None:
+  """Where results go and how the sweep runs: folders, publishing, restore, diagnostics, jobs."""
   parser.add_argument("--out", help="results folder (default results/<preset>)")
   parser.add_argument("--publish", help="also copy report.md, results.csv, summary.json, the curves "
                       "file and the figures into this "
@@ -138,6 +148,14 @@ def parse_args(argv=None):
                       "wall-clock to target (--jobs 1 times every run alone)")
   parser.add_argument("--tune-lr", action="store_true", help="choose each method's peak learning "
                       "rate from the preset's grid with short runs at P = 1 (choice recorded)")
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(
+      prog="python -m experiments.sweep", description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  for add in (_study_flags, _training_flags, _pipeline_flags, _output_flags):
+    add(parser)
   return parser.parse_args(argv)
 
 
