@@ -71,22 +71,36 @@ def account(seconds: dict) -> dict:
           "total": seconds["rotation"] / a}
 
 
-def bench_update(params, refresh_every, steps, rounds=3):
-  """Per-step time of the update alone (averaged over a full refresh period), FLOPs, compile s."""
-  grads = jax.tree.map(lambda p: 0.01 * jnp.ones_like(p), params)
-  out, fns = {}, {}
-  for name, tx in optimizers(refresh_every).items():
+def compiled_steps(params, txs: dict, grad_of) -> tuple[dict, dict]:
+  """Per optimizer of ``txs``, its step ``(p, s) -> (p, s)`` applying ``tx.update(grad_of(p))``,
+  jitted with parameters and state donated and compiled ahead, with its first arguments (as
+  ``time_interleaved`` takes them); and each one's compile seconds."""
+  fns, compile_seconds = {}, {}
+  for name, tx in txs.items():
     def step(p, s, tx=tx):
-      u, s = tx.update(grads, s, p)
+      u, s = tx.update(grad_of(p), s, p)
       return optax.apply_updates(p, u), s
     state = tx.init(params)
     t0 = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state).compile()
-    compile_s = time.perf_counter() - t0
-    flops = memory_lib.xla_flops(compiled)
+    compile_seconds[name] = time.perf_counter() - t0
     fns[name] = (compiled, (jax.tree.map(jnp.copy, params), state))
-    out[name] = {"flops": flops, "compile": compile_s}
-  for name, seconds in time_interleaved(fns, steps, rounds).items():
+  return fns, compile_seconds
+
+
+def pair(refresh_every) -> dict:
+  """AdamW and the default rotation, of ``optimizers``."""
+  return {k: v for k, v in optimizers(refresh_every).items() if k in ("adamw", "rotation")}
+
+
+def bench_update(params, refresh_every, steps, rounds=3, txs=None, summary=min):
+  """Per-step time of the update alone (averaged over a full refresh period), FLOPs, compile s, for
+  each of ``txs`` (default ``optimizers``)."""
+  grads = jax.tree.map(lambda p: 0.01 * jnp.ones_like(p), params)
+  fns, compile_seconds = compiled_steps(params, txs or optimizers(refresh_every), lambda p: grads)
+  out = {name: {"flops": memory_lib.xla_flops(fn), "compile": compile_seconds[name]}
+         for name, (fn, _) in fns.items()}
+  for name, seconds in time_interleaved(fns, steps, rounds, summary).items():
     out[name]["seconds"] = seconds
   return out
 
@@ -142,23 +156,11 @@ def block_params(width: int):
 
 def block_step_report(width: int, refresh_every: int, batch_size: int = 32, context: int = 512,
                       rounds: int = 5) -> dict:
-  """Seconds of a whole training step (forward, backward, update) on one paper-95m block at
-  ``width``, micro-batch ``batch_size`` x ``context`` tokens, for AdamW and the default rotation:
-  the median of ``rounds`` interleaved means over one refresh period."""
-  cfg = block_config(width, context)
-  graphdef, params = model_lib.init(cfg)
-  loss_fn = model_lib.make_loss(graphdef)
-  ds = data_lib.default_corpus(context)
-  batch = tuple(jnp.asarray(x) for x in ds.batch(0, 0, batch_size, context))
-  fns = {}
-  for name, tx in (("adamw", optax.adamw(1e-3, weight_decay=0.01)),
-                   ("rotation", rotation.basis_rotation(1e-3, refresh_every=refresh_every,
-                                                        weight_dimension_numbers=model_lib.rotation_dims))):
-    def step(p, s, tx=tx):
-      u, s = tx.update(jax.grad(loss_fn)(p, batch), s, p)
-      return optax.apply_updates(p, u), s
-    fns[name] = (jax.jit(step, donate_argnums=(0, 1)), (jax.tree.map(jnp.copy, params), tx.init(params)))
-  seconds = time_interleaved(fns, refresh_every, rounds, summary=np.median)
+  """Seconds of a whole training step on one paper-95m block at ``width``, micro-batch
+  ``batch_size`` x ``context`` tokens, for AdamW and the default rotation: the median of ``rounds``
+  interleaved means over one refresh period."""
+  seconds = bench_train_step(block_config(width, context), refresh_every, refresh_every, batch_size,
+                             pair(refresh_every), rounds, np.median)
   return {"width": width, "tokens": batch_size * context, "seconds": seconds,
           "ratio": seconds["rotation"] / seconds["adamw"]}
 
@@ -170,17 +172,8 @@ def floor_report(width: int, refresh_every: int, rounds: int = 5) -> dict:
   refresh period, AdamW beside it), all measured in this run."""
   params = block_params(width)
   flops = step_flops(params, model_lib.rotation_dims, refresh_every)
-  fns = {}
-  grads = jax.tree.map(lambda p: 0.01 * jnp.ones_like(p), params)
-  for name, tx in (("adamw", optax.adamw(1e-3, weight_decay=0.01)),
-                   ("rotation", rotation.basis_rotation(1e-3, refresh_every=refresh_every,
-                                                        weight_dimension_numbers=model_lib.rotation_dims))):
-    def step(p, s, tx=tx):
-      u, s = tx.update(grads, s, p)
-      return optax.apply_updates(p, u), s
-    state = tx.init(params)
-    fns[name] = (jax.jit(step, donate_argnums=(0, 1)), (jax.tree.map(jnp.copy, params), state))
-  seconds = time_interleaved(fns, refresh_every, rounds, summary=np.median)
+  r = bench_update(params, refresh_every, refresh_every, rounds, pair(refresh_every), np.median)
+  seconds = {name: v["seconds"] for name, v in r.items()}
   sides = sorted({d for leaf in jax.tree.leaves(params) if leaf.ndim == 2 for d in leaf.shape if d >= 256})
   rate = matmul_rate([min(d, rotation.DEFAULT_BLOCK_SIZE) for d in sides], rounds=rounds)
   floor = flops["total"] / rate
@@ -197,21 +190,15 @@ def floor_line(r: dict) -> str:
           f"{r['ratio']:.2f}x its floor (AdamW {r['seconds']['adamw'] * 1e3:.1f} ms)")
 
 
-def bench_train_step(cfg, refresh_every, steps, batch_size):
+def bench_train_step(cfg, refresh_every, steps, batch_size, txs=None, rounds=3, summary=min):
+  """Seconds of a whole training step (forward, backward, update) of model ``cfg`` on one batch of
+  the default corpus, for each of ``txs`` (default ``optimizers``), ``time_interleaved``."""
   graphdef, params = model_lib.init(cfg)
   loss_fn = model_lib.make_loss(graphdef)
   ds = data_lib.default_corpus(cfg.context)
   batch = tuple(jnp.asarray(x) for x in ds.batch(0, 0, batch_size, cfg.context))
-  fns = {}
-  for name, tx in optimizers(refresh_every).items():
-    def step(p, s, tx=tx):
-      g = jax.grad(loss_fn)(p, batch)
-      u, s = tx.update(g, s, p)
-      return optax.apply_updates(p, u), s
-    state = tx.init(params)
-    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state).compile()
-    fns[name] = (compiled, (jax.tree.map(jnp.copy, params), state))
-  return time_interleaved(fns, steps)
+  fns, _ = compiled_steps(params, txs or optimizers(refresh_every), lambda p: jax.grad(loss_fn)(p, batch))
+  return time_interleaved(fns, steps, rounds, summary)
 
 
 def step_spikes(cfg, refresh_every, batch_size, periods=4):
