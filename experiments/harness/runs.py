@@ -135,6 +135,7 @@ class _Record:
     # of building the state, evaluating and checkpointing (restoring included); summed over resumes.
     self.timing = {"seconds": 0.0, "steady_seconds": 0.0, "steady_steps": 0, "compile_seconds": None,
                    "build_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
+    self.run_dir = run_dir
     self.log, self.diag_log = run_dir / "metrics.jsonl", run_dir / "diagnostics.jsonl"
     self.lr_at = learning_rates.warmup_cosine(config)
     self.compiled = False  # this process has run a chunk (compiled the step)
@@ -161,7 +162,7 @@ class _Record:
       return 0, None
     step, state, losses, val_losses = restored
     self.losses, self.val_losses = losses.copy(), val_losses.copy()
-    self.timing.update(_read_json(self.log.parent / "timing.json") or {})
+    self.timing.update(_read_json(self.run_dir / "timing.json") or {})
     _truncate_log(self.log, step - lag)
     _truncate_log(self.diag_log, step - 1)  # the window at ``step`` is logged again
     return step, state
