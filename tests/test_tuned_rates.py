@@ -102,7 +102,7 @@ def test_stage_two_moves_to_the_long_horizon_optimum_and_widens_past_its_edge():
 
 def test_sweeps_follow_the_stages_and_the_confirmatory_plan():
   grid = _grid(_best(3e-3, 2e-3), skip={("muon", 1, 1e-2, 0)})
-  result = tr.study(grid, {})
+  result = tr.study(grid, {}, here="this CPU")
   commands = tr.sweeps(result, "R")
   assert commands[0] == (f"{tr.SWEEP} --steps 9600 --lr 0.01 --methods muon --seeds 0 1 --out R/t9600")
   assert len(commands) == 1 + 4  # muon's missing run, and the other three methods' stage 2 rates
@@ -134,19 +134,57 @@ def test_main_end_to_end_and_rebuild(tmp_path, capsys):
     (tmp_path / name).mkdir()
     curves.write(tmp_path / name / curves.FILE, {"window": 21, "command": name}, runs)
   out = tmp_path / "out"
-  result = tr.main(["--grid", str(tmp_path / "g"), "--check", str(tmp_path / "c"), "--out", str(out)])
+  result = tr.main(["--grid", str(tmp_path / "g"), "--check", str(tmp_path / "c"), "--out", str(out),
+                    "--cpu", "test CPU"])
   assert result["chosen"] == {m: {1: b[0], 16: b[1]} for m, b in best.items()}
   report = (out / "report.md").read_text()
   assert "| nesterov | 16 | 0.001, 0.002, 0.003 |" in report and "0.002 (stands)" in report
   assert "test CPU" in report
   # the confirmatory sweeps come next: 6 seeds, with P = 1 sweeps for nesterov and muon
   capsys.readouterr()
-  tr.main(["--grid", str(out / "t9600"), "--check", str(out / "t38400"), "--next"])
+  tr.main(["--grid", str(out / "t9600"), "--check", str(out / "t38400-test-cpu"), "--next"])
   printed = capsys.readouterr().out.strip().splitlines()
   assert len(printed) == 12 and all("--out results/long-horizon/confirmatory" in c for c in printed)
   first = (out / "report.md").read_text()
-  tr.main(["--grid", str(out / "t9600"), "--check", str(out / "t38400"), "--out", str(out)])
+  tr.main(["--grid", str(out / "t9600"), "--check", str(out / "t38400-test-cpu"), "--out", str(out),
+           "--cpu", "test CPU"])
   assert (out / "report.md").read_text() == first  # rebuilt from its own merged curves
+
+
+def _checks(best, rates, cpu):
+  return [{**_run(m, p, lr, 0, 38400, b[i]), "host": {"cpu": cpu, "cores": 2}}
+          for m, b in best.items() for i, p in enumerate((1, 16)) for lr in rates]
+
+
+def test_stage_two_counts_on_one_cpu_type(tmp_path, capsys):
+  """Amendment 9: stage 2's runs are read per CPU; the type a queue trains on asks for all of its
+  missing runs (the other type's runs stand in for none of them); a complete type governs."""
+  best = {m: (3e-3, 3e-3) for m in tr.METHODS}
+  grid = [_run(m, p, lr, s, 9600, b[i]) for m, b in best.items() for i, p in enumerate((1, 16))
+          for lr in tr.GRID for s in (0, 1)]
+  old = _checks(best, (2e-3, 3e-3, 6e-3), "old CPU")[:10]  # part of stage 2 on the old type
+  new = _checks(best, (2e-3,), "new CPU")  # one rate of it on the new
+  for name, runs in (("g", grid), ("c", old + new)):
+    (tmp_path / name).mkdir()
+    curves.write(tmp_path / name / curves.FILE, {"window": 21, "command": name}, runs)
+  args = ["--grid", str(tmp_path / "g"), "--check", str(tmp_path / "c")]
+  capsys.readouterr()
+  tr.main(args + ["--next", "--cpu", "new CPU"])
+  printed = capsys.readouterr().out.strip().splitlines()
+  assert [c.split("--lr ")[1].split()[0] for c in printed] == ["0.003", "0.006"]  # 2e-3 done here
+  result = tr.main(args + ["--out", str(tmp_path / "out"), "--cpu", "new CPU"])
+  assert result["governs"] == "new CPU" and result["chosen"] is None
+  assert sorted(p.name for p in (tmp_path / "out").glob("t38400-*")) == ["t38400-new-cpu", "t38400-old-cpu"]
+  # the new type completes: it governs, whatever CPU asks
+  new = _checks(best, (2e-3, 3e-3, 6e-3), "new CPU")
+  curves.write(tmp_path / "c" / curves.FILE, {"window": 21, "command": "c"}, old + new)
+  result = tr.main(args + ["--out", str(tmp_path / "out"), "--cpu", "old CPU"])
+  assert result["governs"] == "new CPU" and result["chosen"] == {m: {1: 3e-3, 16: 3e-3} for m in tr.METHODS}
+  # two complete types break the rule's "no further stage-2 run": an error, not a choice
+  curves.write(tmp_path / "c" / curves.FILE, {"window": 21, "command": "c"},
+               _checks(best, (2e-3, 3e-3, 6e-3), "old CPU") + new)
+  with pytest.raises(ValueError, match="complete on"):
+    tr.main(args + ["--next"])
 
 
 def test_every_rate_diverged_is_an_error():

@@ -91,6 +91,26 @@ def host() -> dict:
   return {"cpu": cpu, "cores": len(usable_cores())}
 
 
+def cpu_type() -> dict:
+  """The CPU's model name with its family and model numbers (``/proc/cpuinfo``): one name can cover
+  CPUs that round differently (protocol amendment 9), so a study that must stay on one type
+  compares all three. ``None`` where the file does not say."""
+  fields = {"model name": "cpu", "cpu family": "family", "model": "model"}
+  out = {"cpu": host()["cpu"], "family": None, "model": None}
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        name = fields.get(key.strip())
+        if name in ("family", "model") and out[name] is None:
+          out[name] = int(value) if value.strip().isdigit() else value.strip()
+        if not line.strip():
+          break  # the first processor's block is enough
+  except OSError:
+    pass
+  return out
+
+
 def versions() -> dict:
   out = {"python": platform.python_version(), "jax_backend": jax.default_backend(),
          "code": code_version(), "host": host()}

@@ -12,6 +12,11 @@ Two mechanical stages, on the tuning seeds 0 and 1 (never the confirmatory seeds
    a P's three is its stage-1 optimum, the choice stands; otherwise the 38,400 optimum replaces it,
    and while that is the lowest or highest rate trained at 38,400 the next rate past it is trained.
 
+Amendment 9: stage 2 counts on one CPU type (the runs' ``host["cpu"]``). Its runs are read per CPU
+(``OUT/t38400-<cpu>``); the type that holds a complete stage 2 governs, and while none does, the
+type a queue trains on (``--cpu``, default this machine's) does: ``--next`` asks for its missing
+runs.
+
 Each ``--grid`` / ``--check`` folder holds ``curves.json.xz`` of the stage's runs (sweeps'
 ``--finished-only --publish`` folders, or this study's own ``OUT/t9600`` and ``OUT/t38400``, from
 which it rebuilds). Writes ``report.md`` and ``summary.json`` (``chosen``: ``{method: {P: rate}}``
@@ -24,8 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 
 from experiments import cli
+from experiments.harness import provenance
 from experiments.report import curves
 from experiments.report import summary as summary_lib
 from experiments.studies import lr_grid
@@ -114,16 +121,25 @@ def stage_two(check: dict, method: str, first: dict) -> dict:
           "chosen": chosen if len(chosen) == len(STAGES) else None, "moved": moved}
 
 
-def study(grid: dict, check: dict) -> dict:
-  """Both stages for every method, the rates chosen (once all are) and the sweeps still to run."""
-  per = {}
-  for m in METHODS:
-    first = stage_one(grid, m)
-    second = stage_two(check, m, first) if first["chosen"] else None
-    per[m] = {"stage1": first, "stage2": second}
-  done = all(v["stage2"] and v["stage2"]["chosen"] for v in per.values())
-  chosen = {m: v["stage2"]["chosen"] for m, v in per.items()} if done else None
-  return {"methods": per, "chosen": chosen}
+def study(grid: dict, checks: dict, here: str | None = None) -> dict:
+  """Both stages for every method, the rates chosen (once all are) and the sweeps still to run.
+
+  ``checks``: ``{CPU: stage-2 cells of the runs trained on it}`` (amendment 9: stage 2 counts on
+  one CPU type). The type that holds a complete stage 2 governs; while none does, ``here`` (the
+  type a queue trains on) does, and its missing runs are the ones to train."""
+  first = {m: stage_one(grid, m) for m in METHODS}
+  per_cpu = {cpu: {m: stage_two(check, m, first[m]) if first[m]["chosen"] else None for m in METHODS}
+             for cpu, check in checks.items()}
+  if here is not None and here not in per_cpu:
+    per_cpu[here] = {m: stage_two({}, m, first[m]) if first[m]["chosen"] else None for m in METHODS}
+  complete = [cpu for cpu, two in per_cpu.items() if all(v and v["chosen"] for v in two.values())]
+  if len(complete) > 1:
+    raise ValueError(f"stage 2 is complete on {complete}: amendment 9 stops it once one type completes")
+  governs = complete[0] if complete else here
+  per = {m: {"stage1": first[m], "stage2": per_cpu[governs][m] if governs in per_cpu else None}
+         for m in METHODS}
+  chosen = {m: v["stage2"]["chosen"] for m, v in per.items()} if complete else None
+  return {"methods": per, "chosen": chosen, "governs": governs, "stage2_by_cpu": per_cpu}
 
 
 def sweeps(result: dict, results: str) -> list:
@@ -166,10 +182,26 @@ def _rate_cell(r, loss, best, seeds=()) -> str:
   return f"**{loss:.4f}**" if r == best else f"{loss:.4f}"
 
 
+def _stage_two_rows(per: dict) -> list:
+  lines = []
+  for m, two in per.items():
+    for p in STAGES:
+      if two is None:
+        lines.append(f"| {m} | {p} | after stage 1 | | |")
+        continue
+      finals = ", ".join(f"{r:g}: " + ("-" if x is None else f"{x:.4f}") for r, x in two["finals"][p].items())
+      chosen = ("pending" if p not in two["decided"] else
+                f"{two['decided'][p]:g} ({'moved' if two['moved'][p] else 'stands'})")
+      named = ", ".join(f"{r:g}" for r in two["candidates"][p])
+      lines.append(f"| {m} | {p} | {named} | {finals} | {chosen} |")
+  return lines
+
+
 def report(result: dict, commands: list, command: str, hosts: list) -> str:
-  lines = ["# The long horizon's learning rates (protocol amendment 8)", "", f"- made by `{command}`",
+  lines = ["# The long horizon's learning rates (protocol amendments 8 and 9)", "", f"- made by `{command}`",
            "- runs from " + ("one CPU: " if len(hosts) <= 1 else "**more than one CPU**: ")
-           + curves.hosts_text(hosts),
+           + curves.hosts_text(hosts) + (" (stage 1 on one, stage 2 counted per CPU: amendment 9)"
+                                         if len(hosts) > 1 else ""),
            f"- stage 1: T = {GRID_T}, seeds {list(TUNING_SEEDS)}, the seed-mean final validation loss per "
            "rate (bold: the optimum; `s0 x`: the seeds trained so far; '-': none yet, or diverged); "
            f"stage 2: T = {CHECK_T}, seed {CHECK_SEED}, the final validation loss per rate", ""]
@@ -184,19 +216,13 @@ def report(result: dict, commands: list, command: str, hosts: list) -> str:
       state = ("pending" if v["stage1"]["chosen"] is None else f"{row['best']:g}")
       lines.append(f"| {m} | {p} | " + " | ".join(_rate_cell(r, mean.get(r), row["best"], per_seed.get(r, ()))
                                                   for r in rates) + f" | {state} |")
-  lines += ["", "## Stage 2: T = 38,400, seed 0", "", "| method | P | candidates | final per rate | "
-            "chosen |", "|---|---|---|---|---|"]
-  for m, v in result["methods"].items():
-    two = v["stage2"]
-    for p in STAGES:
-      if two is None:
-        lines.append(f"| {m} | {p} | after stage 1 | | |")
-        continue
-      finals = ", ".join(f"{r:g}: " + ("-" if x is None else f"{x:.4f}") for r, x in two["finals"][p].items())
-      chosen = ("pending" if p not in two["decided"] else
-                f"{two['decided'][p]:g} ({'moved' if two['moved'][p] else 'stands'})")
-      named = ", ".join(f"{r:g}" for r in two["candidates"][p])
-      lines.append(f"| {m} | {p} | {named} | {finals} | {chosen} |")
+  for cpu, per in result["stage2_by_cpu"].items():
+    role = ("complete: it governs" if cpu == result["governs"] and result["chosen"] else
+            "the queue's CPU: its missing runs train next" if cpu == result["governs"] else
+            "another CPU type: amendment 9 counts stage 2 on the type that completes it")
+    lines += ["", f"## Stage 2: T = 38,400, seed 0, on {cpu} ({role})", "",
+              "| method | P | candidates | final per rate | chosen |", "|---|---|---|---|---|"]
+    lines += _stage_two_rows(per)
   lines += ["", "## The rates", ""]
   if result["chosen"]:
     lines += ["| method | P = 1 | P = 16 |", "|---|---|---|"]
@@ -216,11 +242,15 @@ def main(argv=None) -> dict:
   parser.add_argument("--results", default="results/long-horizon", help="the sweeps' --out prefix in "
                       "the printed commands (default results/long-horizon)")
   parser.add_argument("--next", action="store_true", help="print only the sweeps still to run")
+  parser.add_argument("--cpu", help="the CPU type a queue trains on, whose stage-2 runs --next asks "
+                      "for while no type holds a complete stage 2 (default: this machine's)")
   args = parser.parse_args(argv)
-  merged = {t: curves.merge(folders, block=lr_grid.BLOCK) if folders else None
-            for t, folders in ((GRID_T, args.grid), (CHECK_T, args.check))}
-  runs = {t: (m["runs"] if m else []) for t, m in merged.items()}
-  result = study(cells(runs[GRID_T], GRID_T), cells(runs[CHECK_T], CHECK_T))
+  grid = curves.merge(args.grid, block=lr_grid.BLOCK) if args.grid else None
+  cpus = [h["cpu"] for h in curves.hosts_of(r for f in args.check for r in curves.read(_file(f))["runs"])]
+  checks = {cpu: curves.merge(args.check, block=lr_grid.BLOCK, cpu=cpu) for cpu in cpus}
+  here = args.cpu or provenance.host()["cpu"]
+  result = study(cells(grid["runs"] if grid else [], GRID_T),
+                 {cpu: cells(m["runs"], CHECK_T) for cpu, m in checks.items()}, here)
   commands = sweeps(result, args.results)
   if args.next:
     print("\n".join(commands))
@@ -229,20 +259,34 @@ def main(argv=None) -> dict:
     raise ValueError("give --out (or --next)")
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  sources = " ".join(f"--{k} {out}/t{t}" for k, t in (("grid", GRID_T), ("check", CHECK_T)) if merged[t])
-  command = f"python -m experiments.studies.tuned_rates {sources} --out {out}"
-  for t, m in merged.items():
-    if m:
-      (out / f"t{t}").mkdir(exist_ok=True)
-      curves.write(out / f"t{t}" / curves.FILE, m["meta"], m["runs"])
-  hosts = curves.hosts_of(runs[GRID_T] + runs[CHECK_T])
+  folders = {f"t{GRID_T}": grid} | {f"t{CHECK_T}-{slug(cpu)}": m for cpu, m in checks.items()}
+  folders = {name: m for name, m in folders.items() if m}
+  checked = [f"{out}/{name}" for name in folders if name != f"t{GRID_T}"]
+  sources = ([f"--grid {out}/t{GRID_T}"] if grid else []) + ([f"--check {' '.join(checked)}"] if checked else [])
+  command = (f"python -m experiments.studies.tuned_rates {' '.join(sources)} --cpu '{here}' "
+             f"--out {out}")
+  for name, m in folders.items():
+    (out / name).mkdir(exist_ok=True)
+    curves.write(out / name / curves.FILE, m["meta"], m["runs"])
+  hosts = curves.hosts_of([r for m in folders.values() for r in m["runs"]])
   (out / "report.md").write_text(report(result, commands, command, hosts))
   summary = {"command": command, "hosts": hosts, "chosen": result["chosen"], "sweeps_to_run": commands,
-             "methods": result["methods"]}
+             "governs": result["governs"], "methods": result["methods"],
+             "stage2_by_cpu": result["stage2_by_cpu"]}
   summary_lib.write(out / "summary.json", summary)
   print(f"wrote {out}/report.md: " + ("rates chosen: " + json.dumps(result["chosen"]) if result["chosen"]
                                       else f"{len(commands)} sweeps still to run"))
   return result
+
+
+def slug(cpu: str) -> str:
+  """A CPU's name as a folder suffix: ``"AMD EPYC"`` -> ``"amd-epyc"``."""
+  return re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-")
+
+
+def _file(folder) -> pathlib.Path:
+  path = pathlib.Path(folder)
+  return path if path.name == curves.FILE else path / curves.FILE
 
 
 if __name__ == "__main__":
