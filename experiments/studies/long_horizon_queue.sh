@@ -64,9 +64,9 @@ watch() {  # publishes whenever the count of finished runs changes
 
 slug=$(cpu_type) || exit 1
 echo "$(date -u +%T) CPU type $slug; frozen checkout $(git -C "$frozen" rev-parse --short HEAD)"
-while pgrep -f "experiments.sweep .*--out $results/t38400" >/dev/null; do sleep 60; done  # one at a time
 watch & watcher=$!
 trap 'kill $watcher 2>/dev/null' EXIT
+while pgrep -f "experiments.sweep .*--out $results/t38400" >/dev/null; do sleep 60; done  # one at a time
 while true; do
   cmd=$(study --next --results "$results" | head -1)
   case "$cmd" in
