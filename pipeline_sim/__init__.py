@@ -26,6 +26,7 @@ from pipeline_sim.devices import (
     TwoVersions,
     pipeline_mesh,
 )
+from pipeline_sim.diagnostics import diagnose
 from pipeline_sim.driver import MODES, Pipeline, PipelineState
 from pipeline_sim.gradients import OtherStageError, Staged, no_stashing_value_and_grad
 from pipeline_sim.protocol import PipelineProtocol
@@ -34,9 +35,9 @@ from pipeline_sim.sharding import data_mesh, fsdp, replicate, shard_batches
 
 __all__ = [
     "DEVICE_MODES", "SCHEDULES", "DelayCompensationState", "DevicePipeline", "DevicePipelineState",
-    "MODES", "Pipeline", "OtherStageError", "PipelineProtocol", "PipelineState", "TwoVersions",
-    "Staged", "check_labels", "data_mesh", "dc_asgd", "fsdp", "leaf_delays", "merge_stages", "nesterov",
-    "nesterov_stage_b1", "no_stashing_value_and_grad", "num_stages_of", "per_stage", "pipedream",
-    "pipedream_lr", "pipeline_mesh", "pipemare_lr_schedule", "replicate", "scale_by_nadam_torch",
-    "shard_batches", "split_stages", "stage_delays"
+    "MODES", "Pipeline", "OtherStageError", "PipelineProtocol", "PipelineState", "TwoVersions", "Staged",
+    "check_labels", "data_mesh", "dc_asgd", "diagnose", "fsdp", "leaf_delays", "merge_stages",
+    "nesterov", "nesterov_stage_b1", "no_stashing_value_and_grad", "num_stages_of", "per_stage",
+    "pipedream", "pipedream_lr", "pipeline_mesh", "pipemare_lr_schedule", "replicate",
+    "scale_by_nadam_torch", "shard_batches", "split_stages", "stage_delays"
 ]

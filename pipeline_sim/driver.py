@@ -129,7 +129,6 @@ class Pipeline:
     self.mode, self.staged, self.grad_norms = mode, staged, grad_norms
     self.run = rb.Consuming(self._run, "Pipeline.run")
     self._init = jax.jit(self._init_impl)
-    self._diagnose = jax.jit(self._diagnose_impl)
 
   def _split(self, tree):
     return split_stages(tree, self.labels, self.num_stages)
@@ -208,7 +207,7 @@ class Pipeline:
       out.append(w)
     return out
 
-  def _stale_gradients(self, state: PipelineState, batch):
+  def stale_gradients(self, state: PipelineState, batch):
     """(loss, per-stage gradients, per-stage stale weights) of the step's micro-batch as the
     pipeline computes them: at the stashed (or predicted) weights (weight stashing), or stale
     forward and current backward (no stashing; the stale weights are then the forward's)."""
@@ -218,74 +217,6 @@ class Pipeline:
       return loss, self._split(grads), stale_parts
     loss, grads = no_stashing_value_and_grad(self.staged, stale_parts, self._split(state.params), batch)
     return loss, grads, stale_parts
-
-  def _updates(self, grad_parts, state: PipelineState):
-    """Per-stage updates the optimizers would apply for ``grad_parts`` from ``state`` (discarded)."""
-    parts = self._split(state.params)
-    if self.merged:
-      u, _ = self.optimizers[0].update(merge_stages(grad_parts, self.labels), state.opt_states[0],
-                                       state.params)
-      return self._split(u)
-    return [self.optimizers[k].update(g, state.opt_states[k], parts[k])[0] for k, g in enumerate(grad_parts)]
-
-  def diagnose(self, state: PipelineState, batches) -> dict:
-    """Update-direction diagnostics over ``len(batches)`` trial steps from ``state`` (which is not
-    consumed; the trial steps are discarded). Modes ``weight_stashing`` and ``no_stashing``.
-
-    Returns (NumPy):
-      ``cosine`` (steps, P): per stage, the cosine between the update it applies (from the stale
-        gradient) and the update it would apply with a fresh gradient at the current weights, from
-        the same optimizer state (1 at P = 1; below 1 for every stage of a deeper pipeline, the last
-        one too, whose input comes from the earlier stages' stale weights). Both updates carry the
-        momentum already in the state, so with a high b1 this is near 1 whatever the delay;
-      ``gradient_cosine`` (steps, P): the same for the gradient's own part of each update,
-        ``u(g) - u(0)`` (the update for the gradient minus the update for a zero gradient, from the
-        same state): the preconditioned gradient without the momentum it shares with the other
-        (exact for momentum SGD and any optimizer whose update is affine in the gradient; for Adam
-        the second moment's own change with g enters too);
-      ``flip_rate`` (P,): per stage, the fraction of consecutive steps whose applied update changes
-        sign along the top eigenvectors of its matrices' gradient statistics ``L = sum_t G G^T``,
-        ``R = sum_t G^T G`` over the window (``u1^T dW v1``; the mean over the stage's matrices, a
-        leaf of more than two axes counting as a stack of matrices over its last two, as scanned
-        layers are; NaN for a stage without one): oscillation along the sharpest direction.
-    """
-    if self.mode == "stale_gradients":
-      raise ValueError("diagnose supports modes 'weight_stashing' and 'no_stashing'")
-    out = self._diagnose(state, batches)
-    return {k: np.asarray(v) for k, v in out.items()}
-
-  def _diagnose_impl(self, state: PipelineState, batches):
-    def cosine(a, b):
-      a, b = jnp.concatenate([x.ravel() for x in jax.tree.leaves(a)]), jnp.concatenate(
-          [x.ravel() for x in jax.tree.leaves(b)])
-      return jnp.vdot(a, b) / jnp.maximum(jnp.linalg.norm(a) * jnp.linalg.norm(b), 1e-30)
-
-    def one(st, batch):
-      _, stale, _ = self._stale_gradients(st, batch)
-      fresh = self._split(jax.grad(self.loss_fn)(st.params, batch))
-      u_stale, u_fresh = self._updates(stale, st), self._updates(fresh, st)
-      u_zero = self._updates([jax.tree.map(jnp.zeros_like, g) for g in fresh], st)
-      own = lambda u: jax.tree.map(jnp.subtract, u, u_zero)
-      cos = jnp.stack([cosine(a, b) for a, b in zip(u_stale, u_fresh)])
-      gcos = jnp.stack([cosine(a, b) for a, b in zip(own(u_stale), own(u_fresh))])
-      new, _ = self.step(st, batch)
-      delta = jax.tree.map(jnp.subtract, new.params, st.params)
-      return new, (cos, gcos, [x for x in jax.tree.leaves(delta) if x.ndim >= 2],
-                   [x for x in jax.tree.leaves(merge_stages(fresh, self.labels)) if x.ndim >= 2])
-
-    _, (cos, gcos, deltas, grads) = jax.lax.scan(one, state, batches)
-    stage_of = [k for k, x in zip(jax.tree.leaves(self.labels), jax.tree.leaves(state.params)) if x.ndim >= 2]
-    flips = []
-    for d, g in zip(deltas, grads):  # (steps, *stack, m, n) each
-      # a leaf of more axes is a stack of matrices over its last two: one flip rate per matrix
-      d, g = (x.reshape(x.shape[0], -1, *x.shape[-2:]) for x in (d, g))
-      _, u = jnp.linalg.eigh(jnp.einsum("tbij,tbkj->bik", g, g))
-      _, v = jnp.linalg.eigh(jnp.einsum("tbji,tbjk->bik", g, g))
-      c = jnp.einsum("bi,tbij,bj->tb", u[..., -1], d, v[..., -1])
-      flips.append(jnp.mean(jnp.sign(c[1:]) != jnp.sign(c[:-1])))
-    rate = jnp.stack([jnp.mean(jnp.stack([f for f, k in zip(flips, stage_of) if k == s]))
-                      if s in stage_of else jnp.nan for s in range(self.num_stages)])
-    return {"cosine": cos, "gradient_cosine": gcos, "flip_rate": rate}
 
   def step(self, state: PipelineState, batch):
     """One micro-batch: returns the new state and the loss the pipeline observed (with
@@ -307,7 +238,7 @@ class Pipeline:
           p, s = jax.lax.cond(i >= tau, update, lambda p, s: (p, s), parts[k], state.opt_states[k])
         new_parts.append(p), new_opt.append(s), new_buffers.append(fifo)
     else:
-      loss, grad_parts, at = self._stale_gradients(state, batch)
+      loss, grad_parts, at = self.stale_gradients(state, batch)
       if self.merged:
         params, s = self._apply(0, merge_stages(grad_parts, self.labels), state.params,
                                 state.opt_states[0], merge_stages(at, self.labels))

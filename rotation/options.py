@@ -104,7 +104,7 @@ class Options(NamedTuple):
   source: str
   geometry: str
   b1: Any  # the look-ahead weight of the first-order source (and the default Adam's b1)
-  decay: Any  # the statistics' decay (``shampoo_beta``; ``b2`` when not given)
+  shampoo_beta: Any  # the statistics' decay (``b2`` when not given)
   precision: jax.lax.Precision | None  # the per-step matmuls
   precond_dtype: Any  # storage of the statistics and bases (None: their compute dtype)
   orthonormalization: str

@@ -16,8 +16,8 @@ Rounding to integer periods keeps the total within a few percent of ``P / T``
 (``refresh_budget`` reports it exactly).
 
 ``stage_aware_decay`` is this project's own rule, beyond the paper (which spends refresh *budget* by
-delay): it ties the *memory* of the ``L``, ``R`` statistics to the delay. A decay ``beta`` averages
-over about ``M = 1 / (1 - beta)`` steps; stage k gets ``M_k = max(min_memory, M / (1 + tau_k))``,
+delay): it ties the *memory* of the ``L``, ``R`` statistics to the delay. A decay ``shampoo_beta`` averages
+over about ``M = 1 / (1 - shampoo_beta)`` steps; stage k gets ``M_k = max(min_memory, M / (1 + tau_k))``,
 so the undelayed stage keeps the base memory and a stage ``tau_k`` updates behind forgets
 ``1 + tau_k`` times faster, tracking a moving eigenbasis with less lag (the estimation-lag
 hypothesis of docs/study.md). The rule was fixed a priori (the simplest inverse-delay form, no
@@ -73,7 +73,7 @@ def stage_aware_decay(delays: Sequence[int], shampoo_beta: float = 0.999,
 
   Args:
     delays: per-stage delays ``tau_k >= 0`` (for example ``pipeline_sim.stage_delays(P)``).
-    shampoo_beta: the base decay in [0, 1), an undelayed stage's; its memory is ``1 / (1 - beta)``.
+    shampoo_beta: the base decay in [0, 1), an undelayed stage's; its memory is ``1 / (1 - shampoo_beta)``.
     min_memory: the shortest memory in steps (>= 1; default 10, one default refresh period).
 
   Returns:
@@ -83,10 +83,10 @@ def stage_aware_decay(delays: Sequence[int], shampoo_beta: float = 0.999,
   if isinstance(shampoo_beta, bool) or concrete("shampoo_beta", shampoo_beta) is None:
     raise ValueError(f"shampoo_beta must be a number known here, got {shampoo_beta!r}")
   check_decay("shampoo_beta", shampoo_beta)  # [0, 1), as everywhere a decay is given
-  base = 1.0 / (1.0 - shampoo_beta)
+  memory = 1.0 / (1.0 - shampoo_beta)
   if not isinstance(min_memory, (int, float)) or isinstance(min_memory, bool) or not 1 <= min_memory:
     raise ValueError(f"min_memory must be a number >= 1 (steps), got {min_memory!r}")
   delays = [int(d) for d in delays]
   if not delays or min(delays) < 0:
     raise ValueError(f"delays must be a non-empty sequence of ints >= 0, got {delays}")
-  return tuple(1.0 - 1.0 / min(base, max(min_memory, base / (1 + d))) for d in delays)
+  return tuple(1.0 - 1.0 / min(memory, max(min_memory, memory / (1 + d))) for d in delays)

@@ -108,11 +108,12 @@ def scale_by_basis_rotation(
   """Runs ``inner`` in a rotated (Kronecker-factored) eigenbasis of every selected matrix.
 
   Per selected matrix ``W`` (m x n) and step ``t = 1, 2, ...`` with gradient ``G``:
-  (1) second-order source: ``L <- bs L + (1 - bs) G G^T``, ``R <- bs R + (1 - bs) G^T G``;
+  (1) second-order source: ``L <- shampoo_beta L + (1 - shampoo_beta) G G^T``, ``R`` likewise
+  with ``G^T G``;
   (2) if ``t == 1`` or ``t % refresh_every == 0``: refresh the bases, re-expressing the inner first
   moments exactly; (3) ``G~ = U^T G V``; (4) ``u~ = inner(G~)``; (5) return ``U u~ V^T``.
 
-  Step 1 is exact: at ``t == 1`` both sources' statistics (``L = (1 - bs) G G^T``, the look-ahead
+  Step 1 is exact: at ``t == 1`` both sources' statistics (``L = (1 - shampoo_beta) G G^T``, the look-ahead
   momentum ``(1 - b1) G``) have the singular vectors of ``G`` as eigenvectors, so the bases come
   from one SVD ``G = U S V^T`` and the rotated gradient is set to ``S`` (bilateral), ``S V^T``
   (left only) or ``U S`` (right only) exactly. Warm refresh (``t % refresh_every == 0``), per
@@ -148,7 +149,7 @@ def scale_by_basis_rotation(
     eps: the default inner Adam's epsilon (>= 0).
     eps_root: the default inner Adam's epsilon inside the square root.
     mu_dtype: dtype of the default inner Adam's first moment (``None``: float32).
-    shampoo_beta: decay ``bs`` of ``L`` and ``R``; ``None`` means ``b2``.
+    shampoo_beta: decay of ``L`` and ``R``; ``None`` means ``b2``.
     block_size: a rotated side longer than this is cut into blocks of this size (the last one
       shorter), each block pair with bases of its own; ``None``: never cut.
     max_precond_dim: a side longer than this (before blocking) is left unrotated; ``None``: no
@@ -313,7 +314,7 @@ def refresh_and_rotate(count, items, together: bool, opts: Options) -> list:
   ``together`` (``rotation.stacks``), and the leaves sharing a refresh schedule share one
   ``lax.switch``, so a model of many small kernels costs a few large ops, not many small ones."""
   args, owners = _piece_args(items)
-  stats_of = jax.vmap(lambda g, sl, sr: mx.statistics(g, sl, sr, opts.decay, opts.precision))
+  stats_of = jax.vmap(lambda g, sl, sr: mx.statistics(g, sl, sr, opts.shampoo_beta, opts.precision))
   with_stats = lambda a: a[:3] + tuple(stats_of(a[0], a[3], a[4])) + a[5:]
   batched_refresh = jax.default_backend() != "cpu" if opts.batch_refresh is None else opts.batch_refresh
   each = jax.vmap if batched_refresh else (lambda f: lambda a: jax.lax.map(f, a))

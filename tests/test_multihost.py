@@ -24,7 +24,7 @@ from experiments.harness import processes
 from experiments.harness import runs
 from experiments.harness.config import RunConfig
 assert processes.initialize_distributed()
-from experiments.sweep import executor as sweep
+from experiments.sweep import folders as sweep
 root = pathlib.Path(sys.argv[1])
 sweep.prepare_out(root / "out")  # process 0 probes the folder, the other waits
 processes.write_json(root / "out" / "tuning.json", {"writer": jax.process_index()})  # process 0 only
@@ -78,7 +78,7 @@ from experiments.harness import checkpoints
 from experiments.harness import data
 from experiments.harness import processes
 from experiments.harness import runs
-from experiments.sweep import executor as sweep
+from experiments.sweep import folders as sweep
 from experiments.harness.config import RunConfig
 assert processes.initialize_distributed()
 root = pathlib.Path(sys.argv[1])

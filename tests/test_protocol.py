@@ -9,7 +9,7 @@ from experiments.harness import data as data_lib
 from experiments.harness.config import run_name
 from experiments.report import metrics, tables
 from experiments.studies import protocol
-from experiments.sweep import executor as sweep
+from experiments.sweep import command as sweep
 from experiments.sweep import presets
 
 

@@ -222,7 +222,7 @@ def test_only_the_numbers_code_is_the_code_identity(tmp_path):
     shutil.copytree(root / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
   before = provenance.source_hash(provenance.source_files(tmp_path))
   assert before == provenance.code_version()["source"]  # the copy is this code
-  for module in ("report/plots.py", "report/sections.py", "studies/horizon.py", "sweep/executor.py",
+  for module in ("report/plots.py", "report/sections.py", "studies/horizon.py", "sweep/command.py",
                  "bench/optimizer.py", "cli.py"):
     with open(tmp_path / "experiments" / module, "a") as f:
       f.write("\n# an edit\n")

@@ -4,6 +4,7 @@ import dataclasses
 import io
 import json
 import os
+import pathlib
 import queue as queue_lib
 import signal
 
@@ -18,8 +19,8 @@ from experiments.harness import provenance, runs
 from experiments.harness.config import RunConfig, identity, run_dir, run_name
 from experiments.report import build as report_lib
 from experiments.report import curves
-from experiments.sweep import executor as sweep
-from experiments.sweep import workers
+from experiments.sweep import command as sweep
+from experiments.sweep import folders, presets, workers
 
 
 def test_smoke_sweep_end_to_end(tmp_path, monkeypatch):
@@ -77,7 +78,7 @@ def test_smoke_sweep_end_to_end(tmp_path, monkeypatch):
   for r in restored:  # the losses at the curves file's 4 decimals
     assert np.allclose(r["losses"], by_name[r["name"]]["losses"], atol=5e-5, rtol=0)
     assert r["val_losses"] == [round(v, 5) for v in by_name[r["name"]]["val_losses"]]
-  assert sweep.restore_finished(sweep.make_plan(sweep.parse_args(["--preset", "smoke"])), ds, moved,
+  assert folders.restore_finished(sweep.make_plan(sweep.parse_args(["--preset", "smoke"])), ds, moved,
                                 [tmp_path / "pub"]) == 0
   with pytest.raises(ValueError, match="cannot be restored into folder 'other'"):
     runs.restore(curves.read(tmp_path / "pub")["runs"][0], tmp_path / "other", ds, "pub")
@@ -170,10 +171,10 @@ def test_other_data_never_reuses_a_run(tmp_path):
 
 
 def test_two_sweeps_on_one_out_are_refused(tmp_path):
-  out = sweep.prepare_out(tmp_path / "busy")
-  with sweep.exclusive(out):
+  out = folders.prepare_out(tmp_path / "busy")
+  with folders.exclusive(out):
     with pytest.raises(ValueError, match="another sweep is writing into"):
-      with sweep.exclusive(out):
+      with folders.exclusive(out):
         pass
 
 
@@ -280,8 +281,8 @@ def test_a_dry_run_reports_memory_before_running_and_skips_what_cannot_fit(tmp_p
 
 
 def test_rotation_variants_share_rotations_learning_rate():
-  preset = sweep.presets_lib.PRESETS["cpu"]
-  preset = sweep.dataclasses.replace(preset, learning_rates=(("default", 1e-3), ("rotation", 2e-3)))
+  preset = presets.PRESETS["cpu"]
+  preset = dataclasses.replace(preset, learning_rates=(("default", 1e-3), ("rotation", 2e-3)))
   for m in ("rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni", "rotation-sa", "rotation-T100"):
     assert preset.learning_rate(m) == 2e-3, m
   assert preset.learning_rate("pipedream-lr") == 1e-3
@@ -384,7 +385,7 @@ def test_ctrl_c_during_compilation_exits_cleanly(tmp_path):
   env = {**os.environ, "PYTHONUNBUFFERED": "1"}
   proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", "--preset", "smoke", "--methods",
                            "rotation", "--stages", "4", "--out", str(tmp_path / "c")],
-                          cwd=sweep.pathlib.Path(sweep.__file__).parents[2], env=env,
+                          cwd=pathlib.Path(sweep.__file__).parents[2], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   line = ""
   while "sweep 'smoke'" not in line:  # the plan is printed right before the first compilation
@@ -400,7 +401,7 @@ def test_ctrl_c_during_compilation_exits_cleanly(tmp_path):
 def _children(pid: int) -> list:
   """PIDs of the running processes whose parent is ``pid`` (Linux /proc)."""
   out = []
-  for stat in sweep.pathlib.Path("/proc").glob("[0-9]*/stat"):
+  for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
     try:
       fields = stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -420,14 +421,14 @@ def test_sigterm_stops_the_sweep_and_its_workers(tmp_path):
 
   proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", "--preset", "smoke", "--methods",
                            "pipedream", "rotation", "--stages", "4", "--jobs", "2", "--out",
-                           str(tmp_path / "t")], cwd=sweep.pathlib.Path(sweep.__file__).parents[2],
+                           str(tmp_path / "t")], cwd=pathlib.Path(sweep.__file__).parents[2],
                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
   deadline, workers = time.time() + 120, []
   while len(workers) < 2 and time.time() < deadline:  # two spawned workers (and the resource tracker)
     time.sleep(0.5)
     workers = [c for c in _children(proc.pid)
-               if b"spawn_main" in sweep.pathlib.Path(f"/proc/{c}/cmdline").read_bytes()]
+               if b"spawn_main" in pathlib.Path(f"/proc/{c}/cmdline").read_bytes()]
   assert len(workers) == 2, proc.stderr.read() if proc.poll() is not None else "no workers"
   time.sleep(2.0)  # past start(), which sends each worker its run (a signal inside it can break that)
   proc.send_signal(signal.SIGTERM)
@@ -438,7 +439,7 @@ def test_sigterm_stops_the_sweep_and_its_workers(tmp_path):
   # its sweep is gone); none keeps training.
   def running(pid):
     try:
-      return sweep.pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+      return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:  # gone
       return False
   alive = lambda: [pid for pid in workers if running(pid)]
@@ -472,7 +473,7 @@ def test_jobs_default_to_one_per_usable_core_on_a_cpu_host():
   assert plan.jobs == len(provenance.usable_cores()) and plan.main[0].seed == 0
   assert sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--jobs", "1"])).jobs == 1
   seeds = {c.seed for c in sweep.make_plan(sweep.parse_args(["--preset", "cpu", "--dry-run"])).main}
-  assert seeds == set(sweep.presets_lib.PRESETS["cpu"].seeds)
+  assert seeds == set(presets.PRESETS["cpu"].seeds)
   with pytest.raises(ValueError, match=r"--seeds has duplicates: \[1, 1\]"):
     sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--seeds", "1", "1"]))
 

@@ -16,6 +16,11 @@ from experiments.harness import methods
 from experiments.harness import model as model_lib
 
 EXECUTIONS = ("emulated", "devices")
+NAME = "name"  # a RunConfig field's metadata key: its format in the run's name
+
+
+def _named(fmt: str, default=None):
+  return dataclasses.field(default=default, metadata={NAME: fmt})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +80,7 @@ class RunConfig:
     checkpoint_every: steps between checkpoints (a multiple of ``chunk``).
     tag: free label, part of the name (for example ``tune``).
     diagnose_every: every this many steps (a multiple of ``chunk``; ``None``: never), log update
-      diagnostics (``pipeline_sim.Pipeline.diagnose``: per stage, the cosine of the stale and the
+      diagnostics (``pipeline_sim.diagnose``: per stage, the cosine of the stale and the
       fresh update, and the sign-flip rate along the top eigenvectors) over the next
       ``diagnose_steps`` micro-batches as trial steps; the run's own numbers do not change.
     diagnose_steps: length of each diagnostic window.
@@ -89,63 +94,52 @@ class RunConfig:
   stages: int = 1
   seed: int = 0
   mode: str = "weight_stashing"
-  schedule: str = "1f1b"
-  execution: str = "emulated"
   model: str = "cpu-deep"
-  num_blocks: int | None = None
-  context: int | None = None
-  width: int | None = None
+  # The fields that name a run (``name``), in the order they appear in it: each one's ``NAME``
+  # format is written when it differs from its default (a format without ``{}`` marks the setting).
+  num_blocks: int | None = _named("-B{}")
+  context: int | None = _named("-C{}")
+  width: int | None = _named("-W{}")
+  dtype: str = _named("-bf16", "float32")
+  execution: str = _named("-devices", "emulated")
+  schedule: str = _named("-2bw", "1f1b")
+  fsdp: bool = _named("-fsdp", False)
+  warmup_steps: int | None = _named("-wu{}")
+  b2: float = _named("-b2_{:g}", 0.999)
+  b1: float | None = _named("-b1_{:g}")
+  shampoo_beta: float | None = _named("-sb{:g}")
+  predict_scale: float | None = _named("-ps{:g}")
+  dc_lambda: float | None = _named("-dc{:g}")
+  diagnose_every: int | None = _named("-diag{}")
+  remat: str | None = _named("-remat")
+  loss_chunk: int | None = _named("-lc{}")
   steps: int = 1200
   batch_size: int = 16
   lr: float = 3e-3
   warmup_fraction: float = 0.012
-  warmup_steps: int | None = None
   warmup_start: float = 1e-7
   final_lr_fraction: float = 0.1
   pipemare_fraction: float = 0.028
   clip_norm: float = 1.0
   weight_decay: float = 0.01
-  b2: float = 0.999
-  b1: float | None = None
-  shampoo_beta: float | None = None
-  predict_scale: float | None = None
-  dc_lambda: float | None = None
   moe_loss_weight: float = 0.01
   refresh_every: int | None = None
-  dtype: str = "float32"
-  fsdp: bool = False
   chunk: int = 50
   eval_every: int = 250
   eval_batches: int = 4
   checkpoint_every: int = 250
   tag: str = ""
-  diagnose_every: int | None = None
   diagnose_steps: int = 16
-  remat: str | None = None
-  loss_chunk: int | None = None
 
   @property
   def name(self) -> str:
-    """A readable name (not unique: ``run_name`` adds the identity hash)."""
-    blocks = f"-B{self.num_blocks}" if self.num_blocks else ""
-    blocks += f"-C{self.context}" if self.context else ""
-    blocks += f"-W{self.width}" if self.width not in (None, model_lib.CONFIGS[self.model].width) else ""
-    blocks += "-bf16" if self.dtype == "bfloat16" else ""
-    blocks += "-devices" if self.execution == "devices" else ""
-    blocks += "-2bw" if self.schedule == "2bw" and self.stages > 1 else ""
-    blocks += "-fsdp" if self.fsdp else ""
-    blocks += f"-wu{self.warmup_steps}" if self.warmup_steps is not None else ""
-    blocks += f"-b2_{self.b2:g}" if self.b2 != 0.999 else ""
-    blocks += f"-b1_{self.b1:g}" if self.b1 is not None else ""
-    blocks += f"-sb{self.shampoo_beta:g}" if self.shampoo_beta is not None else ""
-    blocks += f"-ps{self.predict_scale:g}" if self.predict_scale is not None else ""
-    blocks += f"-dc{self.dc_lambda:g}" if self.dc_lambda is not None else ""
-    blocks += f"-diag{self.diagnose_every}" if self.diagnose_every else ""
-    blocks += "-remat" if self.remat else ""
-    blocks += f"-lc{self.loss_chunk}" if self.loss_chunk else ""
-    tag = f"_{self.tag}" if self.tag else ""
-    return (f"{self.model}{blocks}_{self.mode}_{self.method}_P{self.stages}_lr{self.lr:g}"
-            f"_n{self.steps}_s{self.seed}{tag}")
+    """A readable name (not unique: ``run_name`` adds the identity hash): the model, every named
+    field that differs from its default (``NAME``), then mode, method, P, rate, steps, seed, tag."""
+    c = canonical(self)
+    named = "".join(f.metadata[NAME].format(getattr(c, f.name)) for f in dataclasses.fields(c)
+                    if NAME in f.metadata and getattr(c, f.name) not in (f.default, None))
+    tag = f"_{c.tag}" if c.tag else ""
+    return f"{c.model}{named}_{c.mode}_{c.method}_P{c.stages}_lr{c.lr:g}_n{c.steps}_s{c.seed}{tag}"
 
   def model_config(self, vocab_size: int) -> model_lib.ModelConfig:
     cfg = model_lib.CONFIGS[self.model]

@@ -194,7 +194,7 @@ class _Record:
   def diagnose(self, pipe, state, ds: Dataset, step: int, context: int, mesh) -> None:
     c = self.config
     trial = ds.batches(c.seed, step, c.diagnose_steps, c.batch_size, context)
-    found = pipe.diagnose(state, ps.shard_batches(trial, mesh))
+    found = ps.diagnose(pipe, state, ps.shard_batches(trial, mesh))
     if is_primary():
       with open(self.diag_log, "a") as f:
         f.write(json.dumps({"step": step, "cosine": found["cosine"].mean(axis=0).tolist(),

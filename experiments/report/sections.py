@@ -9,6 +9,7 @@ import pathlib
 
 import numpy as np
 
+import pipeline_sim as ps
 from experiments.harness.methods import BASELINES
 from experiments.report import metrics, plots
 from experiments.report.tables import (
@@ -229,7 +230,7 @@ def diagnostics_section(ctx: Context, results) -> list:
   by = collections.defaultdict(list)
   for r in logged:
     c = r["config"]
-    by[(c["method"], c["stages"], c["mode"])] += r["diagnostics"]
+    by[(c["method"], c["stages"], c["mode"], c.get("schedule", "1f1b"))] += r["diagnostics"]
   lines = ["## Update diagnostics", "",
            "Per stage (its delay tau_k): cosine between the update it applies (stale gradient) and the "
            "one it would apply with a fresh gradient from the same state, whole (momentum included, "
@@ -240,19 +241,20 @@ def diagnostics_section(ctx: Context, results) -> list:
            "| method | P | mode | whole-update cosine by tau_k (stage 0 first) | gradient cosine | "
            "flip rate |", "|---|---|---|---|---|---|"]
   figure = {"cosine": {}, "gradient cosine": {}, "flip rate": {}}
-  for (m, p, mode), entries in sorted(by.items()):
+  for (m, p, mode, schedule), entries in sorted(by.items()):
     cos = np.nanmean([e["cosine"] for e in entries], axis=0)
     gcos = (np.nanmean([e["gradient_cosine"] for e in entries], axis=0)
             if all("gradient_cosine" in e for e in entries) else None)
     flips = np.nanmean([e["flip_rate"] for e in entries], axis=0)
-    taus = [p - 1 - k for k in range(p)]
-    row = lambda values, spec: ", ".join(f"{t}: {x:{spec}}" for t, x in zip(taus, values))
-    lines.append(f"| {m} | {p} | {mode} | {row(cos, '.3f')} | "
+    delays = ps.stage_delays(p, schedule)
+    row = lambda values, spec: ", ".join(f"{t}: {x:{spec}}" for t, x in zip(delays, values))
+    label = mode + (", 2bw" if schedule == "2bw" and p > 1 else "")
+    lines.append(f"| {m} | {p} | {label} | {row(cos, '.3f')} | "
                  f"{'n/a' if gcos is None else row(gcos, '.3f')} | {row(flips, '.2f')} |")
     for name, values in (("cosine", cos), ("gradient cosine", gcos), ("flip rate", flips)):
       if values is not None:
-        figure[name][f"{m} P={p} {mode}"] = sorted(
-            (t, float(x) if np.isfinite(x) else None) for t, x in zip(taus, values) if t > 0)
+        figure[name][f"{m} P={p} {mode}" + (" 2bw" if schedule == "2bw" and p > 1 else "")] = sorted(
+            (t, float(x) if np.isfinite(x) else None) for t, x in zip(delays, values) if t > 0)
   plots.panels(figure, ctx.out / "diagnostics.png", "update diagnostics per stage against its delay",
                "tau_k (log scale)")
   ctx.figures.append("diagnostics.png")

@@ -36,7 +36,7 @@ from experiments import cli
 from experiments.harness import data as data_lib
 from experiments.harness import provenance, runs
 from experiments.harness.config import RunConfig
-from experiments.sweep import executor as sweep
+from experiments.sweep import folders
 
 
 def mm(a, b):
@@ -263,7 +263,7 @@ def main(argv=None):
   outputs = [(flag, pathlib.Path(path)) for flag, path in (("--markdown", args.markdown),
                                                             ("--json", args.json)) if path]
   for flag, path in outputs:  # before the minutes of measurements
-    sweep.check_file(path, flag)
+    folders.check_file(path, flag)
     if not path.parent.is_dir():
       raise ValueError(f"{flag} {str(path)!r}: the folder {str(path.parent)!r} does not exist")
   for run_dir in args.run_dirs:

@@ -55,7 +55,7 @@ from experiments.harness import provenance
 from experiments.report import plots
 from experiments.report import summary as summary_lib
 from experiments.studies import hessian
-from experiments.sweep import executor as sweep
+from experiments.sweep import folders
 
 OPTIMIZERS = ("adam", "rotation", "oracle")
 
@@ -318,7 +318,7 @@ def main(argv=None):
   lag = tuple((b, t) for b in (0.9, 0.99, 0.999) for t in (1, 10)) if args.lag else ()
   study = Study(steps=args.steps, seeds=tuple(args.seeds), thetas=tuple(args.thetas),
                 optimizers=tuple(args.optimizers), lag=lag)
-  out = sweep.prepare_out(pathlib.Path(args.out))
+  out = folders.prepare_out(pathlib.Path(args.out))
   got = run(study, out, argv=list(sys.argv[1:] if argv is None else argv))
   print("\n".join(table(study, got)))
   print(f"identity check (Adam vs Adam in the identity basis, theta = 0): max |diff| "

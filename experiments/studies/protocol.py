@@ -42,8 +42,8 @@ from experiments.harness import data as data_lib
 from experiments.harness import processes, provenance
 from experiments.harness.methods import BASELINES
 from experiments.report import metrics, plots, tables
-from experiments.sweep import executor as sweep
-from experiments.sweep import presets, workers
+from experiments.sweep import folders, presets, workers
+from experiments.sweep import plan as plan_lib
 
 METHODS = ("pipedream", "nesterov", "rotation")
 
@@ -172,8 +172,8 @@ def main(argv=None) -> pathlib.Path:
   preset = presets.PRESETS[args.preset]
   _validate(args, preset)
   if args.publish:
-    sweep.check_folder(pathlib.Path(args.publish), "--publish")
-  jobs = sweep.resolve_jobs(args.jobs, preset.template)
+    folders.check_folder(pathlib.Path(args.publish), "--publish")
+  jobs = plan_lib.resolve_jobs(args.jobs, preset.template)
   provenance.code_version()
   t = preset.template
   top, window = args.top, preset.window()
@@ -188,9 +188,9 @@ def main(argv=None) -> pathlib.Path:
   for c in [c for cs in (*planned.values(), *planned_lr.values()) for c in cs]:
     c.validate()  # every planned run, before the first one trains
   ds = data_lib.load(None, context=t.model_config(256).context)
-  out = sweep.prepare_out(pathlib.Path(args.out))
+  out = folders.prepare_out(pathlib.Path(args.out))
   t0 = time.time()
-  with sweep.exclusive(out), tqdm(total=0, desc="protocol", unit="run", dynamic_ncols=True) as overall:
+  with folders.exclusive(out), tqdm(total=0, desc="protocol", unit="run", dynamic_ncols=True) as overall:
     def run_all(configs):
       overall.total += len(configs)
       overall.refresh()
@@ -240,7 +240,8 @@ def main(argv=None) -> pathlib.Path:
   (out / "protocol.md").write_text("\n".join(lines) + "\n")
   processes.write_json(out / "protocol.json", json.loads(json.dumps(record, default=float)))
   if args.publish:
-    sweep.publish(out, pathlib.Path(args.publish), [out / "protocol.md", *sorted(out.glob("protocol_*.png"))])
+    folders.publish(out, pathlib.Path(args.publish),
+                    [out / "protocol.md", *sorted(out.glob("protocol_*.png"))])
   print(f"done in {wall:.0f}s: {out / 'protocol.md'}")
   return out
 

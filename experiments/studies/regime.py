@@ -30,8 +30,7 @@ from experiments import cli
 from experiments.harness import data as data_lib
 from experiments.report import plots, tables
 from experiments.report import summary as summary_lib
-from experiments.sweep import executor as sweep
-from experiments.sweep import presets, workers
+from experiments.sweep import folders, presets, workers
 
 METHODS = ("pipedream", "nesterov", "rotation")
 # Centre of the learning-rate grid: the untuned rates of the earlier default study.
@@ -96,12 +95,12 @@ def main(argv=None) -> pathlib.Path:
     raise ValueError(f"unknown preset {args.preset!r}; choose from {sorted(presets.PRESETS)}")
   preset = presets.PRESETS[args.preset]
   base_lr = check(args, preset)
-  out = sweep.prepare_out(pathlib.Path(args.out))
+  out = folders.prepare_out(pathlib.Path(args.out))
   context = preset.template.model_config(256).context
   byte_ds = data_lib.default_corpus(max(context, args.context))
   t0 = time.time()
   record = {"preset": args.preset, "top": args.top, "methods": args.methods, "seeds": args.seeds}
-  with sweep.exclusive(out), tqdm(total=0, desc="regime", unit="run", dynamic_ncols=True) as overall:
+  with folders.exclusive(out), tqdm(total=0, desc="regime", unit="run", dynamic_ncols=True) as overall:
     run = lambda c, ds: workers.run_one(c, ds, out, overall)
 
     def runs_of(configs, ds):

@@ -20,7 +20,7 @@ import optax
 import rotation
 from experiments import cli
 from experiments.report import plots
-from experiments.sweep import executor as sweep
+from experiments.sweep import folders
 
 EIGS = (1.0, 25.0)
 
@@ -94,7 +94,7 @@ def main(argv=None):
   parser.add_argument("--delay", type=int, default=8)
   parser.add_argument("--steps", type=int, default=200)
   args = parser.parse_args(argv)
-  rows = run(sweep.check_file(pathlib.Path(args.out), "--out"), args.delay, steps=args.steps)
+  rows = run(folders.check_file(pathlib.Path(args.out), "--out"), args.delay, steps=args.steps)
   print("| Hessian | delay | method | final loss | updates against descent |")
   print("|---|---|---|---|---|")
   for angle, tau, name, final, against in rows:

@@ -1,0 +1,35 @@
+"""The run config's name (experiments/harness/config.py): built from the fields that differ from their
+defaults, it must stay the name every committed run was published under, since ``--restore-from``
+and the studies find runs by it."""
+
+import dataclasses
+import pathlib
+
+from experiments.harness.config import RunConfig
+from experiments.report import curves
+
+RESULTS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+def test_every_committed_run_keeps_its_name():
+  fields = {f.name for f in dataclasses.fields(RunConfig)}
+  checked = 0
+  for path in sorted(RESULTS.rglob(curves.FILE)):
+    for run in curves.read(path)["runs"]:
+      config = RunConfig(**{k: v for k, v in run["config"].items() if k in fields})
+      assert config.name == run["name"].rsplit("_", 1)[0], (path, run["name"])
+      checked += 1
+  assert checked > 1000  # every study's runs, not a lucky few
+
+
+def test_the_name_written_by_hand():
+  c = RunConfig(method="rotation", stages=16, seed=3, lr=2e-3, steps=9600, warmup_steps=28, b2=0.99,
+                shampoo_beta=0.95, schedule="2bw", dtype="bfloat16", loss_chunk=2048, tag="tune")
+  assert c.name == ("cpu-deep-bf16-2bw-wu28-b2_0.99-sb0.95-lc2048_weight_stashing_rotation_P16_lr0.002"
+                    "_n9600_s3_tune")
+  # the model's own width and block count, and 2BW at P = 1, are the plain run's name
+  plain = RunConfig(method="pipedream", stages=1, schedule="2bw", width=32, num_blocks=16)
+  assert plain.name == "cpu-deep_weight_stashing_pipedream_P1_lr0.003_n1200_s0"
+  assert RunConfig(width=64, num_blocks=8, execution="devices", fsdp=True, remat="nothing_saveable",
+                   diagnose_every=50).name.startswith("cpu-deep-B8-W64-devices-fsdp-diag50-remat_")
+
