@@ -193,3 +193,29 @@ def test_every_rate_diverged_is_an_error():
     grid[("muon", 16)][lr][0] = None
   with pytest.raises(ValueError, match="muon: every rate"):
     tr.stage_one(grid, "muon")
+
+
+def test_confirmatory_seeds_stay_on_one_cpu_type():
+  """Amendment 9's order: a queue finishes the seeds started on its own type, then starts seeds no
+  type has started, and retrains a seed begun elsewhere only when nothing else is left."""
+  chosen = {m: {1: 3e-3, 16: 2e-3} for m in tr.METHODS}
+
+  def runs(seed, cpu, whole=True):
+    cells = [(m, p) for m in tr.METHODS for p in (1, 16)]
+    return [{"config": {"method": m, "stages": p, "lr": chosen[m][p], "seed": seed, "steps": 38400},
+             "status": "finished", "host": {"cpu": cpu}} for m, p in (cells if whole else cells[:3])]
+
+  assert tr.seed_order(chosen, [], "A") == [6, 7, 8, 9, 10, 11]
+  held = runs(6, "A") + runs(7, "B", whole=False) + runs(8, "A", whole=False)
+  assert tr.seed_order(chosen, held, "A") == [8, 9, 10, 11]  # 6 done, 7 is B's
+  assert tr.seed_order(chosen, held, "B") == [7, 9, 10, 11]
+  # a run at another rate does not finish a seed
+  wrong = [{**r, "config": {**r["config"], "lr": 1e-3}} for r in runs(9, "A")]
+  assert 9 in tr.seed_order(chosen, held + wrong, "A")
+  # every unfinished seed begun on B: A retrains the lowest whole
+  held = [r for s in range(6, 12) for r in runs(s, "B", whole=s != 10 and s != 11)]
+  held = [r for r in held if not (r["config"]["seed"] == 11 and r["config"]["stages"] == 16)]
+  assert tr.seed_order(chosen, held, "A") == [10]
+  assert tr.seed_order(chosen, held, "B") == [10, 11]
+  commands = tr.sweeps({"methods": {}, "chosen": chosen}, "R", [10])
+  assert commands and all("--seeds 10 " in c for c in commands)

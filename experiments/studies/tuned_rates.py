@@ -142,9 +142,9 @@ def study(grid: dict, checks: dict, here: str | None = None) -> dict:
   return {"methods": per, "chosen": chosen, "governs": governs, "stage2_by_cpu": per_cpu}
 
 
-def sweeps(result: dict, results: str) -> list:
+def sweeps(result: dict, results: str, order=CONFIRMATORY_SEEDS) -> list:
   """The sweep commands still to run, one per (T, rate, seeds): stage 1, then stage 2, then (once
-  every rate is chosen) the confirmatory runs seed by seed."""
+  every rate is chosen) the confirmatory runs seed by seed, in ``order`` (``seed_order``)."""
   out = []
   for steps, stage, seeds in ((GRID_T, "stage1", TUNING_SEEDS), (CHECK_T, "stage2", (CHECK_SEED,))):
     by_rate = {}
@@ -154,15 +154,34 @@ def sweeps(result: dict, results: str) -> list:
     out += [f"{SWEEP} --steps {steps} --lr {r:g} --methods {' '.join(ms)} --seeds "
             f"{' '.join(map(str, seeds))} --out {results}/t{steps}" for r, ms in sorted(by_rate.items())]
   if result["chosen"]:
-    out += confirmatory(result["chosen"], results)
+    out += confirmatory(result["chosen"], results, order)
   return out
 
 
-def confirmatory(chosen: dict, results: str) -> list:
-  """Seed by seed: every method at its P = 16 rate (the sweep trains P = 1 beside it), plus a P = 1
-  sweep at the P = 1 rate of each method whose two rates differ."""
+def seed_order(chosen: dict, runs, here: str) -> list:
+  """Amendment 9: the confirmatory seeds a queue on CPU ``here`` trains, in order: those started and
+  unfinished on its own type, then those started on no type; only when every unfinished seed was
+  started on other types, the lowest of them (retrained whole here). A seed is finished on a type
+  that holds every method at both P at its chosen rates."""
+  need = {(m, p, chosen[m][p]) for m in METHODS for p in STAGES}
+  held = {}  # (CPU, seed) -> {(method, P, rate)} of its finished runs
+  for r in runs:
+    c = r["config"]
+    if c["steps"] == CHECK_T and r.get("status") == "finished":
+      key = ((r.get("host") or {}).get("cpu"), c["seed"])
+      held.setdefault(key, set()).add((c["method"], c["stages"], c["lr"]))
+  done = {s for (_, s), got in held.items() if need <= got}
+  todo = [s for s in CONFIRMATORY_SEEDS if s not in done]
+  mine = [s for s in todo if (here, s) in held]
+  fresh = [s for s in todo if not any(seed == s for _, seed in held)]
+  return mine + fresh or todo[:1]
+
+
+def confirmatory(chosen: dict, results: str, order=CONFIRMATORY_SEEDS) -> list:
+  """Seed by seed in ``order``: every method at its P = 16 rate (the sweep trains P = 1 beside it),
+  plus a P = 1 sweep at the P = 1 rate of each method whose two rates differ."""
   out = []
-  for s in CONFIRMATORY_SEEDS:
+  for s in order:
     rates = " ".join(f"{m}={chosen[m][16]:g}" for m in METHODS)
     out.append(f"{SWEEP} --steps {CHECK_T} --lr {rates} --methods {' '.join(METHODS)} --seeds {s} "
                f"--out {results}/confirmatory")
@@ -242,6 +261,8 @@ def main(argv=None) -> dict:
   parser.add_argument("--results", default="results/long-horizon", help="the sweeps' --out prefix in "
                       "the printed commands (default results/long-horizon)")
   parser.add_argument("--next", action="store_true", help="print only the sweeps still to run")
+  parser.add_argument("--confirmatory", nargs="*", default=[], help="folders of the confirmatory runs "
+                      "so far (amendment 9: --next orders the seeds by the CPU types that hold them)")
   parser.add_argument("--cpu", help="the CPU type a queue trains on, whose stage-2 runs --next asks "
                       "for while no type holds a complete stage 2 (default: this machine's)")
   args = parser.parse_args(argv)
@@ -251,7 +272,9 @@ def main(argv=None) -> dict:
   here = args.cpu or provenance.host()["cpu"]
   result = study(cells(grid["runs"] if grid else [], GRID_T),
                  {cpu: cells(m["runs"], CHECK_T) for cpu, m in checks.items()}, here)
-  commands = sweeps(result, args.results)
+  done = [r for f in args.confirmatory for r in curves.read(_file(f))["runs"]]
+  order = seed_order(result["chosen"], done, here) if result["chosen"] else CONFIRMATORY_SEEDS
+  commands = sweeps(result, args.results, order)
   if args.next:
     print("\n".join(commands))
     return result
@@ -262,7 +285,8 @@ def main(argv=None) -> dict:
   folders = {f"t{GRID_T}": grid} | {f"t{CHECK_T}-{slug(cpu)}": m for cpu, m in checks.items()}
   folders = {name: m for name, m in folders.items() if m}
   checked = [f"{out}/{name}" for name in folders if name != f"t{GRID_T}"]
-  sources = ([f"--grid {out}/t{GRID_T}"] if grid else []) + ([f"--check {' '.join(checked)}"] if checked else [])
+  sources = [f"--grid {out}/t{GRID_T}"] if grid else []
+  sources += [f"--check {' '.join(checked)}"] if checked else []
   command = (f"python -m experiments.studies.tuned_rates {' '.join(sources)} --cpu '{here}' "
              f"--out {out}")
   for name, m in folders.items():
