@@ -18,7 +18,8 @@ main=$(cd "$(dirname "$0")/../.." && pwd)
 frozen=$(cd "$1" && pwd)
 results=$(mkdir -p "$2" && cd "$2" && pwd)
 py=${PYTHON:-python}
-pub=$main/docs/results/long-horizon-tuning
+rel=docs/results/long-horizon-tuning  # relative, so that the report's "made by" line holds on any clone
+pub=$main/$rel
 
 cpu_type() {  # prints this CPU's folder suffix; fails on a known name with another family/model
   (cd "$main" && "$py" - "$pub/cpus.json" <<'EOF'
@@ -36,8 +37,8 @@ EOF
 }
 
 study() {  # tuned_rates over every published stage and this machine's own published runs
-  (cd "$main" && "$py" -m experiments.studies.tuned_rates --grid "$pub/t9600" \
-     --check "$pub"/t38400-* "$results"/pub/* "$@")
+  (cd "$main" && "$py" -m experiments.studies.tuned_rates --grid "$rel/t9600" \
+     --check "$rel"/t38400-* "$results"/pub/* "$@")
 }
 
 publish() {  # every finished stage-2 run of this machine, one folder per rate, then the report
@@ -48,7 +49,7 @@ publish() {  # every finished stage-2 run of this machine, one folder per rate, 
        --lr "$rate" --methods pipedream nesterov rotation muon --seeds 0 --out "$results/t38400" \
        --finished-only --publish "$results/pub/lr$rate" >/dev/null 2>&1)
   done
-  study --out "$pub" || return
+  study --out "$rel" || return
   n=$(find "$results/t38400/runs" -name result.json | wc -l)
   git -C "$main" add "$pub" && git -C "$main" commit -q -m "long-horizon tuning: $n finished stage-2 runs on $slug (seed 0, T = 38,400; protocol amendments 8 and 9)" -- "$pub" \
     || echo "$(date -u +%T) nothing to commit"
