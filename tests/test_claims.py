@@ -317,3 +317,13 @@ def test_a_study_in_progress_claims_only_what_its_finished_runs_can_say():
   assert ablations.ablation_claims({"width": one_width, "no-stashing": p1, "moe": p1}, WINDOW, main) == []
   two = one_width + with_(one_width, width=64)
   assert len(ablations.ablation_claims({"width": two}, WINDOW, main)) == 2
+
+
+def test_blocks_that_leave_no_degrees_of_freedom_give_no_test():
+  # one seed per CPU: the pooled within-CPU spread has n - B = 0 degrees of freedom
+  assert claims.p_value([1.2, 1.4], 1.0, log=True, blocks=["A", "B"]) is None
+  iv = metrics.interval([1.2, 1.4], log=True, blocks=["A", "B"])
+  assert iv["ci95"] is None and iv["mean"] == pytest.approx((1.2 * 1.4) ** 0.5)
+  assert claims.check("c", "", [1.2, 1.4], 1.0, log=True, blocks=["A", "B"]).verdict == "inconclusive"
+  # one more seed on A: one degree of freedom, a test again
+  assert claims.p_value([1.2, 1.3, 1.4], 1.0, log=True, blocks=["A", "A", "B"]) is not None

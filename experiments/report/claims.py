@@ -77,13 +77,16 @@ def _missing(values) -> list:
 def p_value(values, threshold: float, log: bool = False, blocks=None) -> float | None:
   """The two-sided p-value of Student's one-sample t test of "the mean of the per-seed ``values``
   (of their logs, with ``log``) is ``threshold``"; ``None`` when there is no test (a seed without a
-  number, fewer than two seeds, a non-positive ratio). ``blocks`` (one label per seed, its CPU): the
-  pooled within-block spread with ``n - B`` degrees of freedom (``metrics.spread``)."""
+  number, fewer than two seeds, a non-positive ratio, blocks that leave no degrees of freedom).
+  ``blocks`` (one label per seed, its CPU): the pooled within-block spread with ``n - B`` degrees of
+  freedom (``metrics.spread``)."""
   if len(values) < 2 or _missing(values) or (log and min(values) <= 0):
     return None
   y = np.log(np.asarray(values, np.float64)) if log else np.asarray(values, np.float64)
   t0 = np.log(threshold) if log else threshold
   sd, df = metrics.spread(y, blocks)
+  if df < 1:
+    return None
   if sd == 0:
     return 1.0 if float(y.mean()) == t0 else 0.0
   t = (float(y.mean()) - t0) / (sd / np.sqrt(len(y)))

@@ -235,14 +235,15 @@ def study_table(curves: dict, baselines: Sequence[str], window: int,
 def spread(y: np.ndarray, blocks=None) -> tuple[float, int]:
   """``(standard deviation, degrees of freedom)`` of ``y`` for a t interval of its mean: the sample
   one (``n - 1``), or with ``blocks`` (one label per value, e.g. each seed's CPU) the pooled
-  within-block one (``n - B`` for B blocks), so that a fixed block effect is not counted as noise."""
+  within-block one (``n - B`` for B blocks), so that a fixed block effect is not counted as noise;
+  ``(nan, 0)`` where the blocks leave no degrees of freedom (every block a single value): no test."""
   if blocks is None or len(set(blocks)) <= 1:
     return float(y.std(ddof=1)), len(y) - 1
   labels = np.asarray([str(b) for b in blocks])
   resid = np.concatenate([y[labels == b] - y[labels == b].mean() for b in sorted(set(labels))])
   df = len(y) - len(set(labels))
   if df < 1:
-    raise ValueError(f"{len(y)} values in {len(set(labels))} blocks leave no degrees of freedom")
+    return float("nan"), 0
   return float(np.sqrt((resid ** 2).sum() / df)), df
 
 
@@ -263,8 +264,8 @@ def interval(values, level: float = 0.95, log: bool = False, blocks=None) -> dic
          "seeds": len(x)}
   if level != 0.95 or log:
     out.update(level=level, log=log)
-  if len(x) > 1:
-    sd, df = spread(y, blocks)
+  sd, df = spread(y, blocks) if len(x) > 1 else (None, 0)
+  if df >= 1:
     half = float(scipy.stats.t.ppf(0.5 + level / 2, df) * sd / np.sqrt(len(x)))
     out["ci95"] = [float(back(y.mean() - half)), float(back(y.mean() + half))]
   return out

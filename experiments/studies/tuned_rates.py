@@ -267,12 +267,12 @@ def main(argv=None) -> dict:
                       "for while no type holds a complete stage 2 (default: this machine's)")
   args = parser.parse_args(argv)
   grid = curves.merge(args.grid, block=lr_grid.BLOCK) if args.grid else None
-  cpus = [h["cpu"] for h in curves.hosts_of(r for f in args.check for r in curves.read(_file(f))["runs"])]
+  cpus = [h["cpu"] for h in curves.hosts_of(r for f in args.check for r in curves.read(f)["runs"])]
   checks = {cpu: curves.merge(args.check, block=lr_grid.BLOCK, cpu=cpu) for cpu in cpus}
   here = args.cpu or provenance.host()["cpu"]
   result = study(cells(grid["runs"] if grid else [], GRID_T),
                  {cpu: cells(m["runs"], CHECK_T) for cpu, m in checks.items()}, here)
-  done = [r for f in args.confirmatory for r in curves.read(_file(f))["runs"]]
+  done = [r for f in args.confirmatory for r in curves.read(f)["runs"]]
   order = seed_order(result["chosen"], done, here) if result["chosen"] else CONFIRMATORY_SEEDS
   commands = sweeps(result, args.results, order)
   if args.next:
@@ -306,11 +306,6 @@ def main(argv=None) -> dict:
 def slug(cpu: str) -> str:
   """A CPU's name as a folder suffix: ``"AMD EPYC"`` -> ``"amd-epyc"``."""
   return re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-")
-
-
-def _file(folder) -> pathlib.Path:
-  path = pathlib.Path(folder)
-  return path if path.name == curves.FILE else path / curves.FILE
 
 
 if __name__ == "__main__":
