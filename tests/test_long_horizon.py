@@ -118,3 +118,18 @@ def test_the_cpu_is_a_blocking_factor_when_seeds_train_on_two():
 def test_the_rates_must_be_chosen_first(tmp_path):
   with pytest.raises(ValueError, match="not chosen every rate"):
     lh.chosen_rates({"chosen": None})
+
+
+def test_sources_inside_out_are_not_copied(tmp_path, monkeypatch):
+  monkeypatch.setattr(lh, "STEPS", STEPS)
+  slow = {"pipedream": 4.0, "nesterov": 3.0, "rotation": 2.0, "muon": 1.5}
+  for cpu in ("A", "B"):
+    (tmp_path / "out" / f"confirmatory-{cpu}").mkdir(parents=True)
+    runs = _seed(6, slow, cpu) + _seed(7, slow, cpu) if cpu == "A" else _seed(8, slow, cpu)
+    curves.write(tmp_path / "out" / f"confirmatory-{cpu}" / curves.FILE, {"window": 15, "command": cpu}, runs)
+  (tmp_path / "rates.json").write_text(json.dumps({"chosen": RATES}))
+  sources = [str(tmp_path / "out" / f"confirmatory-{c}") for c in ("A", "B")]
+  summary = lh.main(sources + ["--rates", str(tmp_path / "rates.json"), "--out", str(tmp_path / "out")])
+  assert sorted(summary["seeds"]) == ["6", "7", "8"] and not (tmp_path / "out" / curves.FILE).exists()
+  assert summary["command"].startswith("python -m experiments.studies.long_horizon " + " ".join(sources))
+

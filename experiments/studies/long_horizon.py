@@ -14,8 +14,9 @@ Amendment 9: a seed counts on the one CPU type that holds all its runs (its runs
 published and not read); the curves written to OUT are the runs read.
 
 Writes ``report.md`` and ``summary.json`` (``claims``: each claim's verdict, interval, p and
-``leave_one_out``; ``seeds``: the per-seed numbers) and the merged curves (``OUT`` as the only
-SOURCE rebuilds it).
+``leave_one_out``; ``seeds``: the per-seed numbers) and, where a SOURCE lies outside ``OUT``, the
+runs read as ``OUT``'s curves (``OUT`` as the only SOURCE rebuilds it); SOURCE folders inside
+``OUT`` (``OUT/confirmatory-<cpu>``, one per CPU type) are not copied.
 """
 
 from __future__ import annotations
@@ -165,11 +166,14 @@ def main(argv=None) -> dict:
   data = {"meta": merged[0]["meta"], "runs": used}
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  command = f"python -m experiments.studies.long_horizon {out} --rates {args.rates} --out {out}"
   if not used:
     raise ValueError("no confirmatory seed is complete on one CPU type yet")
+  inside = all(pathlib.Path(f).resolve().is_relative_to(out.resolve()) for f in args.sources)
+  rebuild = " ".join(args.sources) if inside else str(out)
+  command = f"python -m experiments.studies.long_horizon {rebuild} --rates {args.rates} --out {out}"
   hosts = curves.hosts_of(data["runs"])
-  curves.write(out / curves.FILE, data["meta"], data["runs"])
+  if not inside:  # sources inside OUT (its per-CPU folders) rebuild it as they are: no copy
+    curves.write(out / curves.FILE, data["meta"], data["runs"])
   (out / "report.md").write_text(report(result, rates, command, hosts))
   summary = {"command": command, "hosts": hosts, "rates": {f"{m} P={p}": r for (m, p), r in rates.items()},
              "seeds": {str(s): r for s, r in result["seeds"].items()},
