@@ -247,3 +247,10 @@ def hosts_of(runs) -> list:
   """The distinct CPUs (``{"cpu", "cores"}``) the runs trained on, sorted."""
   return [json.loads(h) for h in sorted({json.dumps(r["host"], sort_keys=True) for r in runs
                                           if r.get("host")})]
+
+
+def cpus_of(paths) -> list:
+  """The distinct CPU names of the runs in the curves files of ``paths``, sorted: ``merge(paths,
+  cpu=c)`` for each gives one study per CPU (a run name trained on two CPUs is two runs)."""
+  return [h["cpu"] for h in hosts_of([r for p in paths for r in read(p)["runs"]])]
+

@@ -156,7 +156,7 @@ def main(argv=None) -> dict:
   parser.add_argument("--out", required=True, help="where to write report.md, summary.json and the curves")
   args = parser.parse_args(argv)
   rates = chosen_rates(json.loads(pathlib.Path(args.rates).read_text()))
-  cpus = [h["cpu"] for h in curves.hosts_of(r for f in args.sources for r in curves.read(f)["runs"])]
+  cpus = curves.cpus_of(args.sources)
   merged = [curves.merge(args.sources, cpu=cpu) for cpu in cpus]  # one run name can hold two CPUs' runs
   if not merged:
     raise ValueError(f"no run in {args.sources}")

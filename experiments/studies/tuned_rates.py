@@ -267,7 +267,7 @@ def main(argv=None) -> dict:
                       "for while no type holds a complete stage 2 (default: this machine's)")
   args = parser.parse_args(argv)
   grid = curves.merge(args.grid, block=lr_grid.BLOCK) if args.grid else None
-  cpus = [h["cpu"] for h in curves.hosts_of(r for f in args.check for r in curves.read(f)["runs"])]
+  cpus = curves.cpus_of(args.check)
   checks = {cpu: curves.merge(args.check, block=lr_grid.BLOCK, cpu=cpu) for cpu in cpus}
   here = args.cpu or provenance.host()["cpu"]
   result = study(cells(grid["runs"] if grid else [], GRID_T),
