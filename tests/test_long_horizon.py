@@ -120,16 +120,42 @@ def test_the_rates_must_be_chosen_first(tmp_path):
     lh.chosen_rates({"chosen": None})
 
 
-def test_sources_inside_out_are_not_copied(tmp_path, monkeypatch):
+def test_sources_inside_out_rebuild_it_as_they_are(tmp_path, monkeypatch):
   monkeypatch.setattr(lh, "STEPS", STEPS)
   slow = {"pipedream": 4.0, "nesterov": 3.0, "rotation": 2.0, "muon": 1.5}
   for cpu in ("A", "B"):
-    (tmp_path / "out" / f"confirmatory-{cpu}").mkdir(parents=True)
+    (tmp_path / cpu).mkdir()
     runs = _seed(6, slow, cpu) + _seed(7, slow, cpu) if cpu == "A" else _seed(8, slow, cpu)
-    curves.write(tmp_path / "out" / f"confirmatory-{cpu}" / curves.FILE, {"window": 15, "command": cpu}, runs)
+    curves.write(tmp_path / cpu / curves.FILE, {"window": 15, "command": cpu}, runs)
   (tmp_path / "rates.json").write_text(json.dumps({"chosen": RATES}))
-  sources = [str(tmp_path / "out" / f"confirmatory-{c}") for c in ("A", "B")]
-  summary = lh.main(sources + ["--rates", str(tmp_path / "rates.json"), "--out", str(tmp_path / "out")])
-  assert sorted(summary["seeds"]) == ["6", "7", "8"] and not (tmp_path / "out" / curves.FILE).exists()
-  assert summary["command"].startswith("python -m experiments.studies.long_horizon " + " ".join(sources))
+  args = ["--rates", str(tmp_path / "rates.json"), "--out", str(tmp_path / "out")]
+  first = lh.main([str(tmp_path / "A"), str(tmp_path / "B")] + args)
+  before = {p: p.read_bytes() for p in (tmp_path / "out").rglob(curves.FILE)}
+  sources = [str(tmp_path / "out" / f"confirmatory-{c}") for c in ("a", "b")]
+  assert sorted(map(str, before)) == [f"{s}/{curves.FILE}" for s in sources]
+  assert first["command"].startswith("python -m experiments.studies.long_horizon " + " ".join(sources))
+  summary = lh.main(sources + args)
+  assert sorted(summary["seeds"]) == ["6", "7", "8"] and summary == first
+  assert {p: p.read_bytes() for p in (tmp_path / "out").rglob(curves.FILE)} == before
 
+
+def test_a_queue_publishes_every_run_per_cpu_before_any_seed_is_complete(tmp_path, monkeypatch):
+  """The queue's call: the published folder (empty at first) beside its own finished runs. Every run
+  is written into OUT's folder of its CPU type, read or not; with no seed complete the report lists
+  what each seed holds and claims nothing."""
+  monkeypatch.setattr(lh, "STEPS", STEPS)
+  slow = {"pipedream": 4.0, "nesterov": 3.0, "rotation": 2.0, "muon": 1.5}
+  (tmp_path / "rates.json").write_text(json.dumps({"chosen": RATES}))
+  args = ["--rates", str(tmp_path / "rates.json"), "--out", str(tmp_path / "out")]
+  first, rest = _seed(6, slow)[:5], _seed(6, slow)[5:]
+  for i, part in enumerate((first, rest)):
+    (tmp_path / f"pub{i}").mkdir()
+    curves.write(tmp_path / f"pub{i}" / curves.FILE, {"window": 15, "command": "c"}, part)
+  summary = lh.main([str(tmp_path / "pub0")] + args)
+  assert summary["claims"] == [] and summary["left_out"] == {"6": "4 of 8 runs"}  # one of 5 is off-rate
+  assert "seeds counted: none yet; left out: 6: 4 of 8 runs" in (tmp_path / "out" / "report.md").read_text()
+  folder = tmp_path / "out" / "confirmatory-cpu-a"
+  assert [r["name"] for r in curves.read(folder)["runs"]] == [r["name"] for r in first]
+  summary = lh.main([str(folder), str(tmp_path / "pub1")] + args)  # the next publish: seed 6 complete
+  assert list(summary["seeds"]) == ["6"] and len(curves.read(folder)["runs"]) == len(first + rest)
+  assert summary["command"].startswith(f"python -m experiments.studies.long_horizon {folder} --rates")

@@ -14,9 +14,11 @@ Amendment 9: a seed counts on the one CPU type that holds all its runs (its runs
 published and not read); the curves written to OUT are the runs read.
 
 Writes ``report.md`` and ``summary.json`` (``claims``: each claim's verdict, interval, p and
-``leave_one_out``; ``seeds``: the per-seed numbers) and, where a SOURCE lies outside ``OUT``, the
-runs read as ``OUT``'s curves (``OUT`` as the only SOURCE rebuilds it); SOURCE folders inside
-``OUT`` (``OUT/confirmatory-<cpu>``, one per CPU type) are not copied.
+``leave_one_out``; ``seeds``: the per-seed numbers; before any seed is complete, the runs held so far
+and no claim) and, per CPU type, every confirmatory run of the SOURCEs on that type as
+``OUT/confirmatory-<cpu>/curves.json.xz`` (runs read or not: amendment 9 publishes them all), from
+which the printed command rebuilds ``OUT``. A queue passes the published folders beside its own
+finished runs; a run name held in both is the same run.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from experiments.harness.methods import BASELINES
 from experiments.report import claims, curves, metrics
 from experiments.report import summary as summary_lib
 from experiments.report.tables import curve_of
+from experiments.studies import tuned_rates
 
 STEPS, TOP = 38400, 16
 METHODS = ("pipedream", "nesterov", "rotation", "muon")
@@ -157,31 +160,28 @@ def main(argv=None) -> dict:
   args = parser.parse_args(argv)
   rates = chosen_rates(json.loads(pathlib.Path(args.rates).read_text()))
   cpus = curves.cpus_of(args.sources)
-  merged = [curves.merge(args.sources, cpu=cpu) for cpu in cpus]  # one run name can hold two CPUs' runs
+  merged = {cpu: curves.merge(args.sources, cpu=cpu) for cpu in cpus}  # one name can hold two CPUs' runs
   if not merged:
     raise ValueError(f"no run in {args.sources}")
-  window = merged[0]["meta"]["window"]
-  result = study([r for m in merged for r in m["runs"]], rates, window)
-  used = [r for runs_ in result["used"].values() for r in runs_.values()]
-  data = {"meta": merged[0]["meta"], "runs": used}
   out = pathlib.Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  if not used:
-    raise ValueError("no confirmatory seed is complete on one CPU type yet")
-  inside = all(pathlib.Path(f).resolve().is_relative_to(out.resolve()) for f in args.sources)
-  rebuild = " ".join(args.sources) if inside else str(out)
-  command = f"python -m experiments.studies.long_horizon {rebuild} --rates {args.rates} --out {out}"
-  hosts = curves.hosts_of(data["runs"])
-  if not inside:  # sources inside OUT (its per-CPU folders) rebuild it as they are: no copy
-    curves.write(out / curves.FILE, data["meta"], data["runs"])
+  folders = []
+  for cpu, m in merged.items():
+    folders.append(out / f"confirmatory-{tuned_rates.slug(cpu)}")
+    folders[-1].mkdir(parents=True, exist_ok=True)
+    curves.write(folders[-1] / curves.FILE, m["meta"], m["runs"])
+  window = next(iter(merged.values()))["meta"]["window"]
+  result = study([r for m in merged.values() for r in m["runs"]], rates, window)
+  command = (f"python -m experiments.studies.long_horizon {' '.join(map(str, folders))} "
+             f"--rates {args.rates} --out {out}")
+  hosts = curves.hosts_of([r for m in merged.values() for r in m["runs"]])
   (out / "report.md").write_text(report(result, rates, command, hosts))
   summary = {"command": command, "hosts": hosts, "rates": {f"{m} P={p}": r for (m, p), r in rates.items()},
              "seeds": {str(s): r for s, r in result["seeds"].items()},
              "left_out": {str(s): w for s, w in result["left_out"].items()}, "claims": result["claims"]}
   summary_lib.write(out / "summary.json", summary)
-  print(f"wrote {out}/report.md: " + "; ".join(f"{c['claim']}: {c['verdict']}" for c in result["claims"]))
+  print(f"wrote {out}/report.md: " + ("; ".join(f"{c['claim']}: {c['verdict']}" for c in result["claims"])
+                                      or "no seed is complete on one CPU type yet"))
   return summary
-
 
 if __name__ == "__main__":
   cli.exit_process(cli.run(main))
