@@ -53,14 +53,14 @@ def test_smoke_sweep_end_to_end(tmp_path, monkeypatch):
   assert "Not measured: runs were trained 2 at a time" in report
   assert len((out / "results.csv").read_text().strip().splitlines()) == 5
   # Running again skips every finished run (nothing recomputed), rewrites the report, and with
-  # --publish copies it with its figures and table (a folder a reader can open).
+  # --publish copies it with its figures and curves (a folder a reader can open).
   before = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/result.json")}
   (out / "another_sweeps_figure.png").write_bytes(b"not this report's")  # left by another sweep
   sweep.main(["--preset", "smoke", "--out", str(out), "--publish", str(tmp_path / "pub")])
   assert {p: p.stat().st_mtime_ns for p in before} == before
   published = sorted(p.name for p in (tmp_path / "pub").iterdir())
   assert published == ["curves.json.xz", "main_levels.png", "main_loss.png", "main_slowdown.png",
-                       "report.md", "results.csv", "summary.json"]
+                       "report.md", "summary.json"]  # results.csv: rebuilt from the curves
   header = (tmp_path / "pub" / "report.md").read_text().splitlines()[2]
   assert header.startswith(f"- made by `python -m experiments.sweep --preset smoke --out {out} --publish")
   assert f"commit(s) {str(provenance.code_version()['commit'])[:12]}" in header

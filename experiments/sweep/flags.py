@@ -190,7 +190,7 @@ def _pipeline_flags(parser) -> None:
 def _output_flags(parser) -> None:
   """Where results go and how the sweep runs: folders, publishing, restore, diagnostics, jobs."""
   parser.add_argument("--out", help="results folder (default results/<preset>)")
-  parser.add_argument("--publish", help="also copy report.md, results.csv, summary.json, the curves "
+  parser.add_argument("--publish", help="also copy report.md, summary.json, the curves "
                       "file and the figures into this "
                       "folder (for example docs/results/cpu), after the report is written")
   parser.add_argument("--restore-from", nargs="+", default=[], metavar="FOLDER", help="before training, "

@@ -67,12 +67,14 @@ def clear_figures(target: pathlib.Path) -> None:
 
 
 def publish(out: pathlib.Path, target: pathlib.Path, files=None) -> None:
-  """Copies a sweep's report, table and the figures its report shows (not its runs, nor figures
-  left in ``out`` by other sweeps), or ``files`` (a report first, then figures), into ``target``,
-  replacing older figures there, so that a reader sees them without running anything."""
+  """Copies a sweep's report, summary, curves and the figures its report shows (not its runs, nor
+  figures left in ``out`` by other sweeps, nor its per-run table ``results.csv``, which
+  ``python -m experiments.report TARGET`` rebuilds from the curves), or ``files`` (a report first,
+  then figures), into ``target``, replacing older figures there, so that a reader sees them without
+  running anything."""
   if not files:
     shown = re.findall(r"!\[[^\]]*\]\(([^)/]+\.png)\)", (out / "report.md").read_text())
-    files = [out / "report.md", out / "results.csv", out / "summary.json", out / curves.FILE,
+    files = [out / "report.md", out / "summary.json", out / curves.FILE,
              *(out / f for f in dict.fromkeys(shown))]
   clear_figures(target)
   for f in files:
