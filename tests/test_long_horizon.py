@@ -11,6 +11,7 @@ import scipy.stats
 
 from experiments.report import claims, curves, metrics
 from experiments.studies import long_horizon as lh
+from experiments.studies import lr_grid
 
 STEPS = 600
 RATES = {"pipedream": {1: 3e-3, 16: 3e-3}, "nesterov": {1: 3e-3, 16: 2e-3},
@@ -156,6 +157,10 @@ def test_a_queue_publishes_every_run_per_cpu_before_any_seed_is_complete(tmp_pat
   assert "seeds counted: none yet; left out: 6: 4 of 8 runs" in (tmp_path / "out" / "report.md").read_text()
   folder = tmp_path / "out" / "confirmatory-cpu-a"
   assert [r["name"] for r in curves.read(folder)["runs"]] == [r["name"] for r in first]
-  summary = lh.main([str(folder), str(tmp_path / "pub1")] + args)  # the next publish: seed 6 complete
+  stored = {r["name"]: r.get("stored_every") for r in curves.read(folder)["runs"]}
+  assert stored == {r["name"]: (lr_grid.BLOCK if r["name"] == "pipedream_P16_lr0.006_s6" else None)
+                    for r in first}  # the run at a rate never read: block means
+  # the next publish (the queue's own copies given again): seed 6 complete
+  summary = lh.main([str(folder), str(tmp_path / "pub0"), str(tmp_path / "pub1")] + args)
   assert list(summary["seeds"]) == ["6"] and len(curves.read(folder)["runs"]) == len(first + rest)
   assert summary["command"].startswith(f"python -m experiments.studies.long_horizon {folder} --rates")

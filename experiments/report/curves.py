@@ -181,7 +181,8 @@ def setting(config: dict, free) -> str:
   return json.dumps({k: v for k, v in c.items() if k not in free}, sort_keys=True)
 
 
-def merge(paths, block: int | None = None, steps: int | None = None, cpu: str | None = None) -> dict:
+def merge(paths, block: int | None = None, steps: int | None = None, cpu: str | None = None,
+          only=None) -> dict:
   """The curves files of ``paths`` as one study: the first file's ``meta`` (its window must be every
   file's; with ``steps``, each file's window for runs of that length, its ``meta["windows"]`` where a
   study of several horizons stores one per T) with ``meta["sweeps"]`` listing every sweep command, and
@@ -191,7 +192,8 @@ def merge(paths, block: int | None = None, steps: int | None = None, cpu: str | 
   kept).
   Training losses are rounded to ``LOSS_DECIMALS``.
   ``block``: every run ``compact``ed (the runs are then as ``write`` stores them, not as ``read``
-  returns them). ``cpu``: only the runs trained on that CPU (``host["cpu"]``), so that one run trained
+  returns them); ``only``, a predicate of a run (as ``read`` returns it), limits that to the runs it
+  holds for. ``cpu``: only the runs trained on that CPU (``host["cpu"]``), so that one run trained
   on two CPUs (two trajectories) merges once per CPU."""
   merged, meta, sweeps = {}, None, []
   for path in paths:
@@ -201,7 +203,7 @@ def merge(paths, block: int | None = None, steps: int | None = None, cpu: str | 
     if cpu is not None:
       data["runs"] = [r for r in data["runs"] if (r.get("host") or {}).get("cpu") == cpu]
     if block is not None:
-      data["runs"] = [compact(r, block) for r in data["runs"]]
+      data["runs"] = [compact(r, block) if only is None or only(r) else r for r in data["runs"]]
     window = data["meta"].get("windows", {}).get(str(steps), data["meta"]["window"])
     meta = meta or {**data["meta"], "window": window}
     if window != meta["window"]:

@@ -16,8 +16,9 @@ published and not read); the curves written to OUT are the runs read.
 Writes ``report.md`` and ``summary.json`` (``claims``: each claim's verdict, interval, p and
 ``leave_one_out``; ``seeds``: the per-seed numbers; before any seed is complete, the runs held so far
 and no claim) and, per CPU type, every confirmatory run of the SOURCEs on that type as
-``OUT/confirmatory-<cpu>/curves.json.xz`` (runs read or not: amendment 9 publishes them all), from
-which the printed command rebuilds ``OUT``. A queue passes the published folders beside its own
+``OUT/confirmatory-<cpu>/curves.json.xz`` (runs read or not: amendment 9 publishes them all; a run
+at a rate the verdicts never read keeps its training loss as 100-step block means, as the tuning's
+runs do), from which the printed command rebuilds ``OUT``. A queue passes the published folders beside its own
 finished runs; a run name held in both is the same run.
 """
 
@@ -33,7 +34,7 @@ from experiments.harness.methods import BASELINES
 from experiments.report import claims, curves, metrics
 from experiments.report import summary as summary_lib
 from experiments.report.tables import curve_of
-from experiments.studies import tuned_rates
+from experiments.studies import lr_grid, tuned_rates
 
 STEPS, TOP = 38400, 16
 METHODS = ("pipedream", "nesterov", "rotation", "muon")
@@ -51,6 +52,16 @@ def chosen_rates(summary: dict) -> dict:
   return {(m, int(p)): r for m, by_p in summary["chosen"].items() for p, r in by_p.items()}
 
 
+def read_at(run: dict, rates: dict) -> bool:
+  """Whether ``run`` is one the verdicts read: a main run of T = 38,400 at its (method, P)'s chosen
+  rate (a sweep at one method's P = 16 rate also trains its P = 1, unread where the P = 1 rate
+  differs)."""
+  c = run["config"]
+  key = (c["method"], c["stages"])
+  return (c["steps"] == STEPS and run["group"] == "main" and key in rates
+          and math.isclose(c["lr"], rates[key], rel_tol=1e-9))
+
+
 def by_seed(runs, rates: dict) -> tuple[dict, dict]:
   """``({seed: {(method, P): run}}`` of the runs at their chosen rate, ``{seed: why it is left out}``).
   Amendment 9: a seed counts on the one CPU type that holds all its runs; its runs on another type
@@ -59,8 +70,7 @@ def by_seed(runs, rates: dict) -> tuple[dict, dict]:
   for r in runs:
     c = r["config"]
     key = (c["method"], c["stages"])
-    if (c["steps"] == STEPS and r["group"] == "main" and key in rates
-        and math.isclose(c["lr"], rates[key], rel_tol=1e-9)):
+    if read_at(r, rates):
       picked.setdefault(c["seed"], {}).setdefault(r["host"]["cpu"], {})[key] = r
   seeds, left = {}, {}
   for s in sorted(picked):
@@ -160,7 +170,9 @@ def main(argv=None) -> dict:
   args = parser.parse_args(argv)
   rates = chosen_rates(json.loads(pathlib.Path(args.rates).read_text()))
   cpus = curves.cpus_of(args.sources)
-  merged = {cpu: curves.merge(args.sources, cpu=cpu) for cpu in cpus}  # one name can hold two CPUs' runs
+  unread = lambda r: not read_at(r, rates)  # stored as block means, as the tuning's runs are
+  merged = {cpu: curves.merge(args.sources, block=lr_grid.BLOCK, cpu=cpu, only=unread)
+            for cpu in cpus}  # one run name can hold two CPUs' runs
   if not merged:
     raise ValueError(f"no run in {args.sources}")
   out = pathlib.Path(args.out)
