@@ -25,7 +25,8 @@ class BasisRotationState(NamedTuple):
   """State of ``scale_by_basis_rotation``."""
 
   count: jax.Array  # int32 (): updates taken so far.
-  bases: Any  # the parameters' tree structure: per leaf a tuple of RotationPiece, or None (plain).
+  bases: Any  # the parameters' tree structure: per leaf a tuple of RotationPiece, or None (plain);
+  # a zero-size array when the parameters have no leaves.
   inner_state: optax.OptState  # inner's state over parameter-shaped rotated gradients.
 
 

@@ -76,11 +76,6 @@ from rotation.sharding import PartitionSpec, explicit_axes, mesh_of, place, spec
 from rotation.stacks import batched, owned, stack
 from rotation.state import BasisRotationState, RotationPiece, bases_leaves, per_leaf
 
-# optax.tree_map_params maps f over the subtrees its placeholder stands in for; the bases have the
-# parameters' structure but are not parameters, so init gives them as this stand-in there.
-_NOT_PARAMS = type("NotParams", (), {"__repr__": lambda self: "NotParams"})()
-
-
 def scale_by_basis_rotation(
     inner: optax.GradientTransformation | None = None,
     *,
@@ -264,9 +259,10 @@ def init(params, inner, opts: Options, weight_dimension_numbers, bases) -> Basis
     entries = [None if e is None else jax.tree.map(lambda s: place(s, mesh, stack_spec(s.shape, mesh)), e)
                for e in entries]
     inner_state = jax.tree.map(lambda x: place(x, mesh, spec_on(x, mesh)), inner_state)
-  tree = per_leaf(params, entries)
-  if type(params).__name__ == "_ParamsPlaceholder":  # optax.tree_map_params' stand-in
-    tree = _NOT_PARAMS
+  # A tree with no leaves has no bases: one empty array stands for them, not its own (empty)
+  # structure. So optax.tree_map_params, which initialises on a leafless stand-in for the parameters
+  # and maps f over whatever has the stand-in's structure, maps the inner moments, never the bases.
+  tree = per_leaf(params, entries) if leaves else jnp.zeros((0,), jnp.float32)
   count = jnp.zeros([], jnp.int32)
   if mesh is not None:
     count = place(count, mesh, PartitionSpec())
@@ -362,10 +358,13 @@ def refresh_and_rotate(count, items, together: bool, opts: Options) -> list:
 def update(updates, state, inner, opts: Options, weight_dimension_numbers, refresh_every, **extra_args):
   """One step: statistics and refreshes, the gradients rotated in, ``inner`` on them, the update
   rotated back; returns ``(updates, new state)``."""
-  plans = state_plans(updates, weight_dimension_numbers, state.bases)
-  leaves, treedef = jax.tree.flatten(updates)
-  entries = bases_leaves(state.bases, updates)
   count = optax.safe_int32_increment(state.count)
+  leaves, treedef = jax.tree.flatten(updates)
+  if not leaves:  # nothing to rotate (init kept no bases)
+    new_updates, inner_state = inner.update(updates, state.inner_state, None, **extra_args)
+    return new_updates, BasisRotationState(count, state.bases, inner_state)
+  plans = state_plans(updates, weight_dimension_numbers, state.bases)
+  entries = bases_leaves(state.bases, updates)
   first, second, _ = moment_fields(state.inner_state, updates)
   values = {path: treedef.flatten_up_to(at(state.inner_state, path)) for path in first + second}
   leaf_periods = periods(refresh_every, updates)

@@ -158,6 +158,19 @@ def test_tree_map_params_reaches_the_moments_and_not_the_bases():
   jax.tree.map(np.testing.assert_array_equal, doubled[0].bases, state[0].bases)
 
 
+def test_parameters_with_no_leaves_keep_no_bases():
+  """No private optax name decides the bases of a leafless tree (tree_map_params' stand-in is one):
+  an empty marker array stands for them, and a real empty tree trains under jit like Adam."""
+  tx = rotation.basis_rotation(1e-3)
+  for params in ({}, {"w": None}):
+    state = tx.init(params)
+    assert state[0].bases.shape == (0,)
+    updates, state = jax.jit(tx.update)(params, state, params)
+    assert updates == params and int(state[0].count) == 1 and state[0].bases.shape == (0,)
+  with_leaves = tx.init({"w": jnp.ones((3, 2))})
+  assert isinstance(with_leaves[0].bases, dict) and with_leaves[0].bases["w"][0].left.shape == (1, 3, 3)
+
+
 def test_schedules_and_multisteps():
   params = {"w": jnp.ones((4, 3))}
   rng = np.random.default_rng(0)
