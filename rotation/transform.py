@@ -76,6 +76,7 @@ from rotation.sharding import PartitionSpec, explicit_axes, mesh_of, place, spec
 from rotation.stacks import batched, owned, stack
 from rotation.state import BasisRotationState, RotationPiece, bases_leaves, per_leaf
 
+
 def scale_by_basis_rotation(
     inner: optax.GradientTransformation | None = None,
     *,
