@@ -1,6 +1,7 @@
 """The benchmark's memory report against closed-form byte counts (shapes only, nothing trained)."""
 
 import jax
+import numpy as np
 
 import pipeline_sim as ps
 from experiments.bench import optimizer as bench_optimizer
@@ -46,3 +47,21 @@ def test_step_flops_counts_each_block_by_hand():
   assert got["matmuls"] == per_step
   assert abs(got["refresh_matmuls"] - refresh) < 1e-9 and abs(got["qr"] - qr) < 1e-9
   assert abs(got["total"] - (per_step + refresh + qr)) < 1e-9
+
+
+def test_piece_shapes_and_the_plain_per_step_program_by_hand():
+  """The stacks of the (6, 20) matrix cut at block 8 (two 6 x 8 blocks, one 6 x 4) and the (5, 5) one;
+  one step of the plain program on one block against NumPy: identity bases and zero moments, so the
+  statistics are (1 - b2) G G^T and G^T G and the update is Adam's first step, rotated by I."""
+  params = {"w": jax.ShapeDtypeStruct((6, 20), "float32"), "s": jax.ShapeDtypeStruct((5, 5), "float32")}
+  assert sorted(bench_optimizer.piece_shapes(params, None, block_size=8)) == [(1, 5, 5), (1, 6, 4), (2, 6, 8)]
+  fn, (block,) = bench_optimizer.plain_step([(1, 3, 2)], b2=0.99)
+  g = np.asarray(block[0], np.float64)
+  (g1, u, v, sl, sr, m, n), = fn(block)
+  np.testing.assert_allclose(sl, 0.01 * g @ g.T, rtol=1e-5, atol=1e-12)
+  np.testing.assert_allclose(sr, 0.01 * g.T @ g, rtol=1e-5, atol=1e-12)
+  np.testing.assert_allclose(m, 0.1 * g, rtol=1e-6)
+  np.testing.assert_allclose(n, 0.01 * g**2, rtol=1e-5)
+  np.testing.assert_allclose(g1, g + 1e-3 * (0.1 * g) / (np.sqrt(0.01 * g**2) + 1e-8), rtol=1e-5)
+  np.testing.assert_array_equal(u, np.eye(3))
+  np.testing.assert_array_equal(v, np.eye(2))

@@ -131,6 +131,40 @@ def step_flops(params, weight_dimension_numbers, refresh_every: int,
   return out
 
 
+def piece_shapes(params, weight_dimension_numbers, block_size=rotation.DEFAULT_BLOCK_SIZE) -> list:
+  """``(k, a, b)`` of every stack of rotated blocks the default rotation keeps for ``params``."""
+  tx = rotation.scale_by_basis_rotation(weight_dimension_numbers=weight_dimension_numbers,
+                                        block_size=block_size)
+  state = jax.eval_shape(tx.init, params)
+  return [(p.left.shape[0], p.left.shape[-1], p.right.shape[-1])
+          for p in jax.tree.leaves(state.bases, is_leaf=lambda x: isinstance(x, rotation.RotationPiece))]
+
+
+def plain_step(shapes, b2: float = 0.999):
+  """``(fn, state)`` for ``time_interleaved``: the per-step work of the default rotation between
+  refreshes, written plainly per block (``G``, ``U``, ``V``, ``L``, ``R`` and Adam's moments of every
+  block of ``shapes`` its own arrays): the statistics, ``U^T G V``, Adam and ``U u V^T``. What XLA
+  makes of those matmuls with no stacking across leaves, no ``lax.switch``, no cutting of a leaf into
+  blocks and back: the per-step program the library could reach without a refresh."""
+  hi = jax.lax.Precision.HIGHEST
+  mm = lambda x, y: jnp.matmul(x, y, precision=hi)
+
+  def one(g, u, v, sl, sr, m, n):
+    sl = b2 * sl + (1 - b2) * mm(g, g.T)
+    sr = b2 * sr + (1 - b2) * mm(g.T, g)
+    rotated = mm(mm(u.T, g), v)
+    m, n = 0.9 * m + 0.1 * rotated, b2 * n + (1 - b2) * rotated**2
+    return g + 1e-3 * mm(mm(u, m / (jnp.sqrt(n) + 1e-8)), v.T), u, v, sl, sr, m, n
+
+  def step(*blocks):
+    return tuple(one(*b) for b in blocks)
+  key = jax.random.key(0)
+  blocks = tuple((0.01 * jax.random.normal(key, (a, b)), jnp.eye(a), jnp.eye(b), jnp.zeros((a, a)),
+                  jnp.zeros((b, b)), jnp.zeros((a, b)), jnp.zeros((a, b)))
+                 for k, a, b in shapes for _ in range(k))
+  return jax.jit(step, donate_argnums=tuple(range(len(blocks)))), blocks
+
+
 def matmul_rate(sizes, steps=20, rounds=5) -> float:
   """FLOP/s of plain float32 matmuls (k, k) @ (k, k), the best size of ``sizes``, each the median of
   ``rounds`` interleaved means over ``steps`` products (the machine's matmul rate, measured now)."""
@@ -172,8 +206,13 @@ def floor_report(width: int, refresh_every: int, rounds: int = 5) -> dict:
   refresh period, AdamW beside it), all measured in this run."""
   params = block_params(width)
   flops = step_flops(params, model_lib.rotation_dims, refresh_every)
-  r = bench_update(params, refresh_every, refresh_every, rounds, pair(refresh_every), np.median)
+  txs = {k: v for k, v in optimizers(refresh_every).items()
+         if k in ("adamw", "rotation", "rotation, no warm refresh")}
+  r = bench_update(params, refresh_every, refresh_every, rounds, txs, np.median)
   seconds = {name: v["seconds"] for name, v in r.items()}
+  fn, blocks = plain_step(piece_shapes(params, model_lib.rotation_dims))
+  seconds["plain per-step program"] = time_interleaved({"plain": (fn, blocks)}, refresh_every, rounds,
+                                                       np.median)["plain"]
   sides = sorted({d for leaf in jax.tree.leaves(params) if leaf.ndim == 2 for d in leaf.shape if d >= 256})
   rate = matmul_rate([min(d, rotation.DEFAULT_BLOCK_SIZE) for d in sides], rounds=rounds)
   floor = flops["total"] / rate
@@ -187,7 +226,9 @@ def floor_line(r: dict) -> str:
           f"(per-step matmuls {f['matmuls'] / 1e9:.1f}, refresh matmuls {f['refresh_matmuls'] / 1e9:.1f}, "
           f"QR {f['qr'] / 1e9:.1f}); matmul rate {r['rate'] / 1e9:.0f} GFLOP/s; floor "
           f"{r['floor'] * 1e3:.1f} ms; rotation {r['seconds']['rotation'] * 1e3:.1f} ms = "
-          f"{r['ratio']:.2f}x its floor (AdamW {r['seconds']['adamw'] * 1e3:.1f} ms)")
+          f"{r['ratio']:.2f}x its floor (AdamW {r['seconds']['adamw'] * 1e3:.1f} ms); between refreshes "
+          f"{r['seconds']['rotation, no warm refresh'] * 1e3:.1f} ms, where the same per-step matmuls "
+          f"written plainly per block take {r['seconds']['plain per-step program'] * 1e3:.1f} ms")
 
 
 def bench_train_step(cfg, refresh_every, steps, batch_size, txs=None, rounds=3, summary=min):
