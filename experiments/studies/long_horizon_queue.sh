@@ -75,7 +75,7 @@ publish_confirmatory() {  # every finished confirmatory run of this machine, the
   local i=0 cmd n
   while IFS= read -r cmd; do
     i=$((i + 1))
-    (cd "$cfrozen" && "$py" ${cmd#python } --finished-only --publish "$results/pubc/$i" >/dev/null 2>&1)
+    (cd "$cfrozen" && "$py" ${cmd#python } --finished-only --publish "$results/pubc/$i" </dev/null >/dev/null 2>&1)
   done < "$results/confirmatory.commands"
   (cd "$main" && "$py" -m experiments.studies.long_horizon "$crel"/confirmatory-* "$results"/pubc/*/curves.json.xz \
      --rates "$rel/summary.json" --out "$crel") || return
