@@ -11,15 +11,15 @@ control), all > 1 on the log scale, under the window rule. A seed complete on no
 out (the amendment: it is trained again, whole, on one); with seeds on more than one CPU the CPU
 is a fixed blocking factor of every test. Beside each verdict: the leave-one-seed-out readings.
 Amendment 9: a seed counts on the one CPU type that holds all its runs (its runs on another type are
-published and not read); the curves written to OUT are the runs read.
+published and not read).
 
 Writes ``report.md`` and ``summary.json`` (``claims``: each claim's verdict, interval, p and
 ``leave_one_out``; ``seeds``: the per-seed numbers; before any seed is complete, the runs held so far
 and no claim) and, per CPU type, every confirmatory run of the SOURCEs on that type as
 ``OUT/confirmatory-<cpu>/curves.json.xz`` (runs read or not: amendment 9 publishes them all; a run
 at a rate the verdicts never read keeps its training loss as 100-step block means, as the tuning's
-runs do), from which the printed command rebuilds ``OUT``. A queue passes the published folders beside its own
-finished runs; a run name held in both is the same run.
+runs do), from which the printed command rebuilds ``OUT``. A queue passes the published folders
+beside its own finished runs; a run name held in both is the same run.
 """
 
 from __future__ import annotations
@@ -194,6 +194,7 @@ def main(argv=None) -> dict:
   print(f"wrote {out}/report.md: " + ("; ".join(f"{c['claim']}: {c['verdict']}" for c in result["claims"])
                                       or "no seed is complete on one CPU type yet"))
   return summary
+
 
 if __name__ == "__main__":
   cli.exit_process(cli.run(main))
