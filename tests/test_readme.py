@@ -134,12 +134,12 @@ def test_the_readme_is_a_front_door():
 
 
 def _results_files() -> list:
-  """docs/results' committed files: those git tracks (an in-place rebuild also writes the ignored
-  per-run tables), or every file outside a git checkout."""
+  """docs/results' files that a commit would hold: tracked or new, not those git ignores (an in-place
+  rebuild also writes the per-run tables, which are ignored); every file outside a git checkout."""
   folder = ROOT / "docs" / "results"
   try:
-    listed = subprocess.run(["git", "ls-files", "-z", str(folder)], cwd=ROOT, capture_output=True,
-                            check=True).stdout.decode().split("\0")
+    command = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", str(folder)]
+    listed = subprocess.run(command, cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
   except (OSError, subprocess.CalledProcessError):
     return [p for p in folder.rglob("*") if p.is_file()]
   return [ROOT / name for name in listed if name and (ROOT / name).is_file()]
