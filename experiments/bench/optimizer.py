@@ -72,19 +72,24 @@ def account(seconds: dict) -> dict:
 
 
 def compiled_steps(params, txs: dict, grad_of) -> tuple[dict, dict]:
-  """Per optimizer of ``txs``, its step ``(p, s) -> (p, s)`` applying ``tx.update(grad_of(p))``,
-  jitted with parameters and state donated and compiled ahead, with its first arguments (as
-  ``time_interleaved`` takes them); and each one's compile seconds."""
+  """Per optimizer of ``txs``, its step ``(p, s, g) -> (p, s, g)`` applying ``tx.update(grad_of(p,
+  g))``, jitted with parameters and state donated and compiled ahead, with its first arguments (as
+  ``time_interleaved`` takes them; ``g``, random gradients shaped like ``params``, rides along as an
+  argument, so that XLA cannot fold a fixed gradient's products at compile time); and each one's
+  compile seconds."""
   fns, compile_seconds = {}, {}
+  keys = jax.random.split(jax.random.key(1), len(jax.tree.leaves(params)))
+  leaves, treedef = jax.tree.flatten(params)
+  given = treedef.unflatten([0.01 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
   for name, tx in txs.items():
-    def step(p, s, tx=tx):
-      u, s = tx.update(grad_of(p), s, p)
-      return optax.apply_updates(p, u), s
+    def step(p, s, g, tx=tx):
+      u, s = tx.update(grad_of(p, g), s, p)
+      return optax.apply_updates(p, u), s, g
     state = tx.init(params)
     t0 = time.perf_counter()
-    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state).compile()
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, given).compile()
     compile_seconds[name] = time.perf_counter() - t0
-    fns[name] = (compiled, (jax.tree.map(jnp.copy, params), state))
+    fns[name] = (compiled, (jax.tree.map(jnp.copy, params), state, given))
   return fns, compile_seconds
 
 
@@ -96,8 +101,7 @@ def pair(refresh_every) -> dict:
 def bench_update(params, refresh_every, steps, rounds=3, txs=None, summary=min):
   """Per-step time of the update alone (averaged over a full refresh period), FLOPs, compile s, for
   each of ``txs`` (default ``optimizers``)."""
-  grads = jax.tree.map(lambda p: 0.01 * jnp.ones_like(p), params)
-  fns, compile_seconds = compiled_steps(params, txs or optimizers(refresh_every), lambda p: grads)
+  fns, compile_seconds = compiled_steps(params, txs or optimizers(refresh_every), lambda p, g: g)
   out = {name: {"flops": memory_lib.xla_flops(fn), "compile": compile_seconds[name]}
          for name, (fn, _) in fns.items()}
   for name, seconds in time_interleaved(fns, steps, rounds, summary).items():
@@ -238,7 +242,7 @@ def bench_train_step(cfg, refresh_every, steps, batch_size, txs=None, rounds=3, 
   loss_fn = model_lib.make_loss(graphdef)
   ds = data_lib.default_corpus(cfg.context)
   batch = tuple(jnp.asarray(x) for x in ds.batch(0, 0, batch_size, cfg.context))
-  fns, _ = compiled_steps(params, txs or optimizers(refresh_every), lambda p: jax.grad(loss_fn)(p, batch))
+  fns, _ = compiled_steps(params, txs or optimizers(refresh_every), lambda p, g: jax.grad(loss_fn)(p, batch))
   return time_interleaved(fns, steps, rounds, summary)
 
 

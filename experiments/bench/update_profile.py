@@ -1,7 +1,8 @@
 """``python -m experiments.bench.update_profile``: where the time of one optimizer update goes.
 
 The update alone (no forward or backward) of AdamW and of ``rotation.basis_rotation`` on a model of
-the harness (default ``cpu-deep``, the study's), with rotation past its cold start and no warm
+the harness (default ``cpu-deep``, the study's) or on one paper-95m block (``--block-width 384``),
+with rotation past its cold start and no warm
 refresh due (``refresh_every`` far away: the per-step path every step runs; ``--refresh-every 1``
 profiles a warm refresh in every call instead), each jitted with its
 parameters and state donated, as in training. For each, XLA's own profile (``jax.profiler``, its
@@ -29,7 +30,7 @@ import optax
 
 import rotation
 from experiments import cli
-from experiments.bench.optimizer import time_interleaved
+from experiments.bench.optimizer import block_config, time_interleaved
 from experiments.harness import data as data_lib
 from experiments.harness import model as model_lib
 
@@ -64,6 +65,9 @@ def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(prog="python -m experiments.bench.update_profile", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", default="cpu-deep", choices=sorted(model_lib.CONFIGS))
+  parser.add_argument("--block-width", type=int, help="instead of --model: one paper-95m Transformer "
+                      "block at this width (experiments.bench.optimizer.block_config; 384: the paper's), "
+                      "the shapes the update's matmul floor is judged at")
   parser.add_argument("--calls", type=int, default=10, help="profiled calls per optimizer (default 10)")
   parser.add_argument("--top", type=int, default=20, help="kinds printed, by rotation's time (default 20)")
   parser.add_argument("--refresh-every", type=int, default=10**9,
@@ -72,7 +76,7 @@ def main(argv=None) -> dict:
   if min(args.calls, args.top, args.refresh_every) < 1:
     raise ValueError(f"--calls, --top and --refresh-every must be >= 1, got {args.calls}, {args.top} "
                      f"and {args.refresh_every}")
-  cfg = model_lib.CONFIGS[args.model]
+  cfg = block_config(args.block_width) if args.block_width else model_lib.CONFIGS[args.model]
   graphdef, params = model_lib.init(cfg)
   batch = tuple(jnp.asarray(x) for x in data_lib.default_corpus(cfg.context).batch(0, 0, 16, cfg.context))
   grads = jax.grad(model_lib.make_loss(graphdef))(params, batch)
@@ -81,16 +85,17 @@ def main(argv=None) -> dict:
                                              weight_dimension_numbers=model_lib.rotation_dims)}
   fns, got = {}, {}
   for name, tx in txs.items():
-    def update(p, s, tx=tx):
-      u, s = tx.update(grads, s, p)
-      return optax.apply_updates(p, u), s
+    def update(p, s, g, tx=tx):  # g an argument: XLA cannot fold the gradient's products at compile time
+      u, s = tx.update(g, s, p)
+      return optax.apply_updates(p, u), s, g
     fn = jax.jit(update, donate_argnums=(0, 1))
-    state = fn(jax.tree.map(jnp.copy, params), tx.init(params))  # rotation: past its cold start
+    state = fn(jax.tree.map(jnp.copy, params), tx.init(params), grads)  # rotation: past its cold start
     fns[name] = (fn, jax.tree.map(jnp.copy, state))
     got[name] = profile(fn, state, args.calls)
   wall = time_interleaved(fns, args.calls)
   ratio = wall["rotation"] / wall["adamw"]
-  print(f"{args.model}, the update alone, ms per call: " + ", ".join(
+  name = f"paper-95m block, width {args.block_width}" if args.block_width else args.model
+  print(f"{name}, the update alone, ms per call: " + ", ".join(
       f"{k} {v * 1e3:.2f}" for k, v in wall.items()) + f" (rotation / adamw {ratio:.2f}x)")
   print("| kind | adamw ms (events) | rotation ms (events) |")
   print("|---|---|---|")
