@@ -78,8 +78,8 @@ def compiled_steps(params, txs: dict, grad_of) -> tuple[dict, dict]:
   argument, so that XLA cannot fold a fixed gradient's products at compile time); and each one's
   compile seconds."""
   fns, compile_seconds = {}, {}
-  keys = jax.random.split(jax.random.key(1), len(jax.tree.leaves(params)))
   leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(1), len(leaves))
   given = treedef.unflatten([0.01 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
   for name, tx in txs.items():
     def step(p, s, g, tx=tx):

@@ -255,4 +255,3 @@ def cpus_of(paths) -> list:
   """The distinct CPU names of the runs in the curves files of ``paths``, sorted: ``merge(paths,
   cpu=c)`` for each gives one study per CPU (a run name trained on two CPUs is two runs)."""
   return [h["cpu"] for h in hosts_of([r for p in paths for r in read(p)["runs"]])]
-
