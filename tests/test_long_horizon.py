@@ -164,3 +164,18 @@ def test_a_queue_publishes_every_run_per_cpu_before_any_seed_is_complete(tmp_pat
   summary = lh.main([str(folder), str(tmp_path / "pub0"), str(tmp_path / "pub1")] + args)
   assert list(summary["seeds"]) == ["6"] and len(curves.read(folder)["runs"]) == len(first + rest)
   assert summary["command"].startswith(f"python -m experiments.studies.long_horizon {folder} --rates")
+  assert summary["claims"] == []  # one seed of six: numbers, no verdict
+  assert "**Interim: 1 of 6 seeds counted, no verdict.**" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_no_verdict_until_all_six_seeds_are_counted(study):
+  """Amendment 8: the verdict is the one on all six seeds. Five seeds that would reproduce every
+  claim give their numbers and no verdict; the sixth draws all three."""
+  slow = {"pipedream": 4.0, "nesterov": 3.0, "rotation": 2.0, "muon": 2.5}
+  runs = [r for s in lh.SEEDS for r in _seed(s, {**slow, "rotation": 2.0 - 0.02 * s})]
+  five = study([r for r in runs if r["config"]["seed"] != 11])
+  assert five["claims"] == [] and sorted(five["seeds"]) == ["10", "6", "7", "8", "9"]
+  assert five["left_out"] == {}
+  six = study(runs)
+  assert [c["verdict"] for c in six["claims"]] == ["reproduced"] * 3, six["claims"]
+  assert {s: six["seeds"][s] for s in five["seeds"]} == five["seeds"]

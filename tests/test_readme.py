@@ -251,6 +251,48 @@ def test_the_readmes_verdict_words_are_the_summaries():
   assert "without seed " + ", ".join(map(str, moved[:-1])) + f" or {moved[-1]} inconclusive" in answer
 
 
+VERDICT = r"reproduced|refuted|inconclusive"
+
+
+def _long_horizon_problems(answer: str, summary: dict) -> list:
+  """What the README's long-horizon sentences (from "Protocol amendment 8" to "Setting:") say that
+  docs/results/long-horizon/summary.json does not: before its verdicts, no verdict word and "no
+  confirmatory verdict yet"; after, the primary claim and S1 ("is the trend rotation's?") each quoted
+  as "MEAN (LO-HI, VERDICT", with "rests on one seed" after it where a leave-one-out reading moves it."""
+  text = " ".join(answer[answer.index("Protocol amendment 8"):answer.index("Setting:")].split())
+  if not summary["claims"]:
+    return ([] if "no confirmatory verdict yet" in text else ["no 'no confirmatory verdict yet'"]) + [
+        f"says {w} before the summary has a verdict" for w in re.findall(VERDICT, text)]
+  problems = ["still says 'no confirmatory verdict yet'"] if "no confirmatory verdict yet" in text else []
+  for c in summary["claims"]:
+    if "Muon's staleness gain" in c["claim"]:  # S2, the control, need not be on the first screen
+      continue
+    lo, hi = c["interval"]
+    quote = f"{c['mean']:.2f} ({lo:.2f}-{hi:.2f}, {c['verdict']}"
+    if quote not in text:
+      problems.append(f"no {quote!r} for {c['claim']}")
+    elif c["rests_on_one_seed"] and not text[text.index(quote):].startswith(quote + ", rests on one seed"):
+      problems.append(f"{quote!r} without 'rests on one seed'")
+  return problems
+
+
+def test_the_readme_says_no_more_of_the_long_horizon_than_its_confirmatory_summary():
+  assert _long_horizon_problems(README, _summary("long-horizon")) == []
+  # the check itself, on a summary with verdicts
+  claim = lambda name, mean, verdict, moved: {"claim": name, "mean": mean, "interval": [mean - 0.1, mean + 0.1],
+                                              "verdict": verdict, "rests_on_one_seed": moved}
+  decided = {"claims": [claim("rotation's staleness gain", 1.2, "reproduced", [8]),
+                        claim("rotation's gain over Muon's gain", 0.95, "inconclusive", []),
+                        claim("Muon's staleness gain over the best baseline", 1.3, "reproduced", [])]}
+  good = ("Protocol amendment 8 settles it: rotation's gain 1.20 (1.10-1.30, reproduced, rests on one seed), "
+          "against Muon's 0.95 (0.85-1.05, inconclusive). Setting:")
+  assert _long_horizon_problems(good, decided) == []
+  assert len(_long_horizon_problems(good.replace("reproduced", "refuted"), decided)) == 1
+  assert len(_long_horizon_problems(good.replace(", rests on one seed", ""), decided)) == 1
+  assert len(_long_horizon_problems(good, {"claims": []})) == 3  # two verdict words, no "not yet"
+  assert _long_horizon_problems(README, decided)  # today's README says no verdict
+
+
 def test_attention_and_scanned_stack_recipe_rotates_each_layer_as_the_paper_does():
   scope = _run(RECIPES[0], "docs/recipes.md attention recipe")
   losses = np.asarray(scope["losses"])

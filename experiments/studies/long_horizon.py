@@ -14,8 +14,8 @@ Amendment 9: a seed counts on the one CPU type that holds all its runs (its runs
 published and not read).
 
 Writes ``report.md`` and ``summary.json`` (``claims``: each claim's verdict, interval, p and
-``leave_one_out``; ``seeds``: the per-seed numbers; before any seed is complete, the runs held so far
-and no claim) and, per CPU type, every confirmatory run of the SOURCEs on that type as
+``leave_one_out``, drawn only once all six seeds are counted; ``seeds``: the per-seed numbers so far;
+``left_out``: what each seed not counted holds) and, per CPU type, every confirmatory run of the SOURCEs on that type as
 ``OUT/confirmatory-<cpu>/curves.json.xz`` (runs read or not: amendment 9 publishes them all; a run
 at a rate the verdicts never read keeps its training loss as 100-step block means, as the tuning's
 runs do), from which the printed command rebuilds ``OUT``. A queue passes the published folders
@@ -118,7 +118,7 @@ def verdicts(seeds: dict, window: int) -> list[claims.Claim]:
 def study(runs, rates: dict, window: int) -> dict:
   seeds, left = by_seed(runs, rates)
   rows = {s: per_seed(r, window) for s, r in seeds.items()}
-  decided = verdicts(seeds, window) if seeds else []
+  decided = verdicts(seeds, window) if set(seeds) == set(SEEDS) else []  # amendment 8: all six, or none
   cpus = [rows[s]["cpu"] for s in rows]
   blocks = cpus if len(set(cpus)) > 1 else None
   out = []
@@ -144,6 +144,10 @@ def report(result: dict, rates: dict, command: str, hosts) -> str:
            "- seeds counted: " + (", ".join(map(str, result["seeds"])) or "none yet")
            + ("; left out: " + "; ".join(f"{s}: {w}" for s, w in result["left_out"].items())
               if result["left_out"] else ""), ""]
+  if not result["decided"]:
+    lines += [f"**Interim: {len(result['seeds'])} of {len(SEEDS)} seeds counted, no verdict.** Amendment 8's "
+              "verdicts are drawn on all six seeds at once; until then this report shows each finished "
+              "seed's numbers and claims nothing.", ""]
   lines += ["| claim | threshold | evidence | verdict | leave one seed out (seed: mean, p, verdict) |",
             "|---|---|---|---|---|"]
   for c, s in zip(result["decided"], result["claims"]):
@@ -192,7 +196,8 @@ def main(argv=None) -> dict:
              "left_out": {str(s): w for s, w in result["left_out"].items()}, "claims": result["claims"]}
   summary_lib.write(out / "summary.json", summary)
   print(f"wrote {out}/report.md: " + ("; ".join(f"{c['claim']}: {c['verdict']}" for c in result["claims"])
-                                      or "no seed is complete on one CPU type yet"))
+                                      or f"interim, {len(result['seeds'])} of {len(SEEDS)} seeds counted; "
+                                      "no verdict"))
   return summary
 
 
