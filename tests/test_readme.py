@@ -237,12 +237,20 @@ def test_the_readmes_verdict_words_are_the_summaries():
       "from 6.10x to 3.56x": _claim("lag", "decay 0.95"),
       "0.17 of Muon's gap": _claim("remedies", "muon+predict", "1f1b, P = 16"),
       "0.35 of AdamW's": _claim("remedies", "nesterov closes", "1f1b, P = 16"),
-      "-0.28 of it": _claim("remedies", "pipedream-lr closes", "2bw, P = 16"),
+      "-0.28": _claim("remedies", "pipedream-lr closes", "2bw, P = 16"),
   }
   for quote, verdict in expected.items():
     assert quote in answer, quote
     said = re.search(r"reproduced|refuted|inconclusive", answer[answer.index(quote):]).group(0)
     assert said == verdict, f"README says {quote} ... {said}; the summary says {verdict}"
+  # a remedies verdict that one left-out seed changes says "rests on one seed" in its parenthesis
+  for quote, words in {"0.17 of Muon's gap": ("muon+predict", "1f1b, P = 16"),
+                       "0.35 of AdamW's": ("nesterov closes", "1f1b, P = 16"),
+                       "-0.28": ("pipedream-lr closes", "2bw, P = 16")}.items():
+    (c,) = [c for c in _summary("remedies")["claims"] if all(w in c["claim"] for w in words)]
+    after = answer[answer.index(quote):]
+    said = "rests on one seed" in after[:after.index(")")]
+    assert said == bool(c["rests_on_one_seed"]), (quote, c["rests_on_one_seed"])
   # the relabelled horizon says so, and the seeds whose removal changes its verdict are the ones named
   assert bool(horizon[38400]["exploratory"]) == ("1.16 at 38,400 (6 seeds, 1.02-1.33, reproduced, exploratory"
                                                   in answer)

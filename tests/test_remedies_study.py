@@ -88,3 +88,33 @@ def test_remedy_runs_of_two_settings_are_refused_by_name(tmp_path):
   curves.write(src / curves.FILE, {"window": 11, "command": "sweep"}, runs)
   with pytest.raises(ValueError, match=r"the remedy runs differ .*\"b1\": 0.95"):
     remedies.main([str(src), "--out", str(tmp_path / "out")])
+
+
+def test_leave_one_seed_out_recomputes_the_whole_holm_family():
+  """By hand: with seed s dropped from every claim, each claim's t test p on the rest, Holm-adjusted
+  over the family again; a claim whose verdict one dropped seed changes "rests on" that seed."""
+  import scipy.stats
+
+  gaps = [{"schedule": "1f1b", "optimizer": "muon", "remedy": "predict", "scale": 0.5, "P": 16,
+           "seeds": [0, 1, 2, 3, 4], "per_seed": [0.30, 0.05, 0.20, 0.25, 0.10]},
+          {"schedule": "1f1b", "optimizer": "pipedream", "remedy": "nesterov", "scale": None, "P": 16,
+           "seeds": [0, 1, 2, 3, 4], "per_seed": [0.35, 0.36, 0.34, 0.35, 0.37]},
+          {"schedule": "2bw", "optimizer": "pipedream", "remedy": "dc", "scale": 0.1, "P": 16,
+           "seeds": [0, 1, 2], "per_seed": [0.01, -0.02, 0.00]}]
+  loo = remedies.leave_one_out(gaps)
+  for drop in range(5):
+    rest = [[v for s, v in zip(g["seeds"], g["per_seed"]) if s != drop] for g in gaps]
+    p = np.array([scipy.stats.ttest_1samp(r, 0.0).pvalue for r in rest])
+    order = np.argsort(p)
+    holm = np.maximum.accumulate(np.minimum(1.0, (len(p) - np.arange(len(p))) * p[order]))
+    adjusted = dict(zip(order, holm))
+    for i, g in enumerate(gaps):
+      if drop in g["seeds"]:
+        row = next(x for x in loo[i] if x["left_out"] == drop)
+        assert row["p_holm"] == pytest.approx(adjusted[i])
+        assert row["mean"] == pytest.approx(np.mean(rest[i]))
+  assert [len(x) for x in loo] == [5, 5, 3]
+  full = remedies.family(gaps)
+  assert [c.verdict for c in full][:2] == ["reproduced", "reproduced"]
+  assert {x["verdict"] for x in loo[1]} == {"reproduced"}  # Nesterov's holds without any one seed
+  assert any(x["verdict"] == "inconclusive" for x in loo[0])  # Muon's rests on a seed
