@@ -287,8 +287,8 @@ def _long_horizon_problems(answer: str, summary: dict) -> list:
 def test_the_readme_says_no_more_of_the_long_horizon_than_its_confirmatory_summary():
   assert _long_horizon_problems(README, _summary("long-horizon")) == []
   # the check itself, on a summary with verdicts
-  claim = lambda name, mean, verdict, moved: {"claim": name, "mean": mean, "interval": [mean - 0.1, mean + 0.1],
-                                              "verdict": verdict, "rests_on_one_seed": moved}
+  claim = lambda name, mean, verdict, moved: {"claim": name, "mean": mean, "verdict": verdict,
+                                              "interval": [mean - .1, mean + .1], "rests_on_one_seed": moved}
   decided = {"claims": [claim("rotation's staleness gain", 1.2, "reproduced", [8]),
                         claim("rotation's gain over Muon's gain", 0.95, "inconclusive", []),
                         claim("Muon's staleness gain over the best baseline", 1.3, "reproduced", [])]}

@@ -14,8 +14,9 @@ Amendment 9: a seed counts on the one CPU type that holds all its runs (its runs
 published and not read).
 
 Writes ``report.md`` and ``summary.json`` (``claims``: each claim's verdict, interval, p and
-``leave_one_out``, drawn only once all six seeds are counted; ``seeds``: the per-seed numbers so far;
-``left_out``: what each seed not counted holds) and, per CPU type, every confirmatory run of the SOURCEs on that type as
+``leave_one_out``, drawn only once all six seeds are counted; ``seeds``: the per-seed numbers so
+far; ``left_out``: what each seed not counted holds) and, per CPU type, every confirmatory run of
+the SOURCEs on that type as
 ``OUT/confirmatory-<cpu>/curves.json.xz`` (runs read or not: amendment 9 publishes them all; a run
 at a rate the verdicts never read keeps its training loss as 100-step block means, as the tuning's
 runs do), from which the printed command rebuilds ``OUT``. A queue passes the published folders

@@ -270,9 +270,9 @@ def write(scales, chosen, gaps, finals, decided, meta, runs, out: pathlib.Path, 
               "the verdict.", "", "| claim | verdict | leave one seed out | rests on one seed |",
               "|---|---|---|---|"]
     for c, rows, m in decisive:
-      text = "; ".join(f"{x['left_out']}: {x['mean']:+.2f}, p {x['p_holm']:.2g}, {x['verdict']}"
-                       if x["mean"] is not None and x["p_holm"] is not None else f"{x['left_out']}: {x['verdict']}"
-                       for x in rows)
+      num = lambda x: ("" if x["mean"] is None or x["p_holm"] is None
+                       else f"{x['mean']:+.2f}, p {x['p_holm']:.2g}, ")
+      text = "; ".join(f"{x['left_out']}: {num(x)}{x['verdict']}" for x in rows)
       lines.append(f"| {c.claim} | {c.verdict} | {text} | {', '.join(map(str, m)) or 'no'} |")
   (out / "report.md").write_text("\n".join(lines))
   summary = {"command": command, "sweeps": meta["sweeps"], "commits": commits, "chosen": chosen,
