@@ -148,9 +148,10 @@ def report(result: dict, rates: dict, command: str, hosts) -> str:
   if not result["decided"]:
     lines += [f"**Interim: {len(result['seeds'])} of {len(SEEDS)} seeds counted, no verdict.** Amendment 8's "
               "verdicts are drawn on all six seeds at once; until then this report shows each finished "
-              "seed's numbers and claims nothing.", ""]
-  lines += ["| claim | threshold | evidence | verdict | leave one seed out (seed: mean, p, verdict) |",
-            "|---|---|---|---|---|"]
+              "seed's numbers and claims nothing."]
+  else:
+    lines += ["| claim | threshold | evidence | verdict | leave one seed out (seed: mean, p, verdict) |",
+              "|---|---|---|---|---|"]
   for c, s in zip(result["decided"], result["claims"]):
     loo = "; ".join(f"{x['left_out']}: {_num(x['mean'])}, p {_num(x['p'], '{:.2g}')}, {x['verdict']}"
                     for x in s["leave_one_out"]) or "-"
