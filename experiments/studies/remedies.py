@@ -277,7 +277,8 @@ def write(scales, chosen, gaps, finals, decided, meta, runs, out: pathlib.Path, 
   (out / "report.md").write_text("\n".join(lines))
   summary = {"command": command, "sweeps": meta["sweeps"], "commits": commits, "chosen": chosen,
              "scales": scales, "gaps": gaps, "finals": finals,
-             "claims": [{**c.summary(), "leave_one_out": rows, "rests_on_one_seed": m}
+             "claims": [{**c.summary(), "rests_on_one_seed": m,  # the readings, where not inconclusive
+                         **({"leave_one_out": rows} if c.verdict != "inconclusive" else {})}
                         for c, rows, m in zip(decided, loo, moved)]}
   summary_lib.write(out / "summary.json", summary)
   return summary
