@@ -224,6 +224,11 @@ def _claim(name: str, *words) -> str:
   return hits[0]["verdict"]
 
 
+REMEDY_QUOTES = {"0.17 of Muon's gap": ("muon+predict", "1f1b, P = 16"),  # the README's quote: its claim
+                 "0.35 of AdamW's": ("nesterov closes", "1f1b, P = 16"),
+                 "-0.28": ("pipedream-lr closes", "2bw, P = 16")}
+
+
 def test_the_readmes_verdict_words_are_the_summaries():
   # each quoted number of the answer is followed by the verdict its summary.json gives it
   answer = " ".join(README[README.index("**Does basis rotation"):README.index("<!-- generated from")].split())
@@ -235,18 +240,14 @@ def test_the_readmes_verdict_words_are_the_summaries():
       "seeds 3-5 alone 1.16": horizon[38400]["after_protocol"]["verdict"],
       "30.6% fewer iterations": _claim("cpu", "fewer iterations", "P = 16", "main reading"),
       "from 6.10x to 3.56x": _claim("lag", "decay 0.95"),
-      "0.17 of Muon's gap": _claim("remedies", "muon+predict", "1f1b, P = 16"),
-      "0.35 of AdamW's": _claim("remedies", "nesterov closes", "1f1b, P = 16"),
-      "-0.28": _claim("remedies", "pipedream-lr closes", "2bw, P = 16"),
+      **{quote: _claim("remedies", *words) for quote, words in REMEDY_QUOTES.items()},
   }
   for quote, verdict in expected.items():
     assert quote in answer, quote
     said = re.search(r"reproduced|refuted|inconclusive", answer[answer.index(quote):]).group(0)
     assert said == verdict, f"README says {quote} ... {said}; the summary says {verdict}"
   # a remedies verdict that one left-out seed changes says "rests on one seed" in its parenthesis
-  for quote, words in {"0.17 of Muon's gap": ("muon+predict", "1f1b, P = 16"),
-                       "0.35 of AdamW's": ("nesterov closes", "1f1b, P = 16"),
-                       "-0.28": ("pipedream-lr closes", "2bw, P = 16")}.items():
+  for quote, words in REMEDY_QUOTES.items():
     (c,) = [c for c in _summary("remedies")["claims"] if all(w in c["claim"] for w in words)]
     after = answer[answer.index(quote):]
     said = "rests on one seed" in after[:after.index(")")]

@@ -269,9 +269,9 @@ def write(scales, chosen, gaps, finals, decided, meta, runs, out: pathlib.Path, 
               "the Holm-adjusted p and the verdict. \"Rests on one seed\": a seed whose removal changes "
               "the verdict.", "", "| claim | verdict | leave one seed out | rests on one seed |",
               "|---|---|---|---|"]
+    num = lambda x: ("" if x["mean"] is None or x["p_holm"] is None
+                     else f"{x['mean']:+.2f}, p {x['p_holm']:.2g}, ")
     for c, rows, m in decisive:
-      num = lambda x: ("" if x["mean"] is None or x["p_holm"] is None
-                       else f"{x['mean']:+.2f}, p {x['p_holm']:.2g}, ")
       text = "; ".join(f"{x['left_out']}: {num(x)}{x['verdict']}" for x in rows)
       lines.append(f"| {c.claim} | {c.verdict} | {text} | {', '.join(map(str, m)) or 'no'} |")
   (out / "report.md").write_text("\n".join(lines))
