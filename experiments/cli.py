@@ -59,5 +59,13 @@ def study_parser(name: str, doc: str | None, writes: str):
   parser = argparse.ArgumentParser(prog=f"python -m experiments.studies.{name}", description=doc,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("sources", nargs="+", help="folders holding curves.json.xz")
+  parser.add_argument("--link", nargs="+", default=[], help="published study folders: a run one of "
+                      "them holds is stored in --out's curves.json.xz as a link to it, not copied "
+                      "(``experiments.report.curves.write``)")
   parser.add_argument("--out", required=True, help=f"where to write {writes}")
   return parser
+
+
+def link_flag(args) -> str:
+  """``--link``'s part of a study's rebuild command: ``" --link A B"``, or nothing."""
+  return " --link " + " ".join(args.link) if args.link else ""

@@ -193,3 +193,30 @@ def test_a_run_listed_by_the_main_study_and_an_ablation_keeps_both_records_throu
   merged = curves.merge([tmp_path, tmp_path], block=10)["runs"]
   assert sorted((r["group"], r["name"]) for r in merged) == [
       ("main", "pipedream_P16_s0"), ("main", "rotation_P16_s0"), ("variants", "rotation_P16_s0")]
+
+
+def test_a_run_another_study_publishes_is_stored_as_a_link_and_read_back_from_there(tmp_path):
+  rng = np.random.default_rng(3)
+  shared, own = (curves.record("main", _result(rng.uniform(1, 3, 50).tolist(), name)) for name in "so")
+  other = dict(curves.record("main", _result(rng.uniform(1, 3, 50).tolist(), "t")), seconds=9.0)
+  (tmp_path / "a").mkdir()
+  (tmp_path / "b").mkdir()
+  curves.write(tmp_path / "a" / curves.FILE, {"window": 5}, [shared, dict(other, seconds=1.0)])
+  # the same run under another group is linked; one differing in its timing alone is copied
+  runs = [own, dict(shared, group="variants"), other]
+  curves.write(tmp_path / "b" / curves.FILE, {"window": 5}, runs, link=[tmp_path / "a"])
+  plain = curves.read(tmp_path / "a")  # (the link's target, read alone)
+  assert "linked" not in plain["meta"]
+  back = curves.read(tmp_path / "b")
+  assert back["meta"]["linked"] == {"../a": [["variants", "s"]]}
+  assert [(r["group"], r["name"], r["seconds"]) for r in back["runs"]] == [
+    ("main", "o", 1.0), ("main", "t", 9.0), ("variants", "s", 1.0)]
+  assert back["runs"][2]["losses"] == plain["runs"][0]["losses"]
+  # a rewrite of what it read (a rebuild without --link) copies every run and links none
+  curves.write(tmp_path / "c.json.xz", back["meta"], back["runs"])
+  again = curves.read(tmp_path / "c.json.xz")
+  assert "linked" not in again["meta"] and len(again["runs"]) == 3
+  # the target losing the run is one clear error naming it
+  curves.write(tmp_path / "a" / curves.FILE, {"window": 5}, [other])
+  with pytest.raises(ValueError, match="links 1 runs that '../a' does not hold \\(first 's'\\)"):
+    curves.read(tmp_path / "b")

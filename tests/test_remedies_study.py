@@ -65,6 +65,17 @@ def test_scales_are_chosen_on_pipedream_and_the_gap_closed_is_per_seed(tmp_path)
   assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary))
   again = remedies.main([str(out), "--out", str(out)])
   assert again == summary and (out / "report.md").read_text() == report
+  # the runs another published study holds are linked, not copied, and the study does not change
+  published = tmp_path / "published"
+  published.mkdir()
+  held = [r for r in curves.read(out)["runs"] if r["name"].startswith("nesterov")]
+  curves.write(published / curves.FILE, {"window": 11}, held)
+  linked = remedies.main([str(out), "--link", str(published), "--out", str(out)])
+  assert linked["command"].endswith(f"--link {published} --out {out}")
+  assert {**linked, "command": summary["command"]} == summary
+  stored = curves.read(out)["meta"]["linked"]
+  assert list(stored) == ["../published"] and len(stored["../published"]) == len(held) == 4
+  assert remedies.main([str(out), "--link", str(published), "--out", str(out)]) == linked
 
 
 def test_a_remedy_that_widens_the_gap_is_refuted_and_default_scales_are_read(tmp_path):

@@ -203,8 +203,7 @@ def build(source, out=None, methods=None, command: str | None = None, figures: b
              "hosts": curves_lib.hosts_of(runs), "headline": headline(tables),
              "claims": [] if plumbing else [c.summary() for c in claims],
              "readings": choice, "plumbing": plumbing}
-  summary_lib.write(out / "summary.json", summary)
-  return summary
+  return summary_lib.write(out / "summary.json", summary)
 
 
 # ---- the README's generated tables ---------------------------------------------------------------

@@ -19,6 +19,8 @@ values keeps them in the JSON.
 ``read`` marks a run stored as block means with ``stored_every`` (the block), so that ``write``, and
 hence ``merge`` and ``--add``, store it as those blocks again rather than as the repeated values.
 ``read`` also reads files whose losses are all in the JSON.
+A run another published study already holds, exactly, can be stored as a link to that study's folder
+(``write(..., link=...)``, a study's ``--link``): ``read`` fetches it, so each run is published once.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import lzma
 import math
+import os
 import pathlib
 
 import numpy as np
@@ -89,12 +92,46 @@ def _as_integers(losses) -> np.ndarray | None:
   return out
 
 
-def write(path: pathlib.Path, meta: dict, runs: list) -> None:
+def write(path: pathlib.Path, meta: dict, runs: list, link=()) -> None:
   """Writes ``{"meta", "runs"}`` (``runs``: ``record``s, or runs as ``read`` returns them: one
   longer than ``MAX_POINTS`` steps is stored as block means again) atomically, byte-identical for
   the same content: the JSON (``loss_scale``, ``loss_layout`` and each run's training losses replaced
   by their count, ``losses_int32``, where they are ``LOSS_DECIMALS``-decimal values), a newline, then
-  those losses as little-endian int32 in byte planes, all xz."""
+  those losses as little-endian int32 in byte planes, all xz.
+  ``link``: folders holding curves files (published studies). A run that one of them already holds,
+  exactly as ``read`` would return it here (name, config, losses, everything but its group), is stored
+  as a link, ``meta["linked"]``: ``{folder relative to path's: [[group, name], ...]}``, and ``read``
+  fetches it from there; each run is published once."""
+  path = pathlib.Path(path)
+  meta = {k: v for k, v in meta.items() if k != "linked"}  # (as read: its runs are in ``runs``)
+  if link:
+    meta, runs = _linked(path, meta, runs, link)
+  tmp = path.with_name(path.name + ".tmp")
+  with open(tmp, "wb") as f:
+    f.write(lzma.compress(_encode(meta, runs), preset=9 | lzma.PRESET_EXTREME))
+  tmp.replace(path)
+
+
+def _linked(path: pathlib.Path, meta: dict, runs: list, link) -> tuple[dict, list]:
+  """``(meta with "linked", the runs stored here)``: ``write``'s links to runs held in ``link``."""
+  back = _decode(_encode(meta, runs), path)["runs"]  # each run as ``read`` will return it
+  held = {}
+  for folder in link:
+    rel = os.path.relpath(pathlib.Path(folder).resolve(), path.resolve().parent)
+    for r in read(folder)["runs"]:
+      held.setdefault(r["name"], (rel, {k: v for k, v in r.items() if k != "group"}))
+  linked, own = {}, []
+  for run, r in zip(runs, back):
+    rel, other = held.get(r["name"], (None, None))
+    if other is not None and other == {k: v for k, v in r.items() if k != "group"}:
+      linked.setdefault(rel, []).append([r["group"], r["name"]])
+    else:
+      own.append(run)
+  return ({**meta, "linked": linked} if linked else meta), own
+
+
+def _encode(meta: dict, runs: list) -> bytes:
+  """``write``'s content before compression."""
   stored, blocks = [], []
   for r in runs:
     # as ``read`` returns a run stored as block means (or one too long for per-step values): blocks
@@ -109,53 +146,61 @@ def write(path: pathlib.Path, meta: dict, runs: list) -> None:
     blocks.append(ints.astype("<i4").tobytes())
   data = json.dumps({"loss_layout": PLANES, "loss_scale": _SCALE, "meta": meta, "runs": stored},
                     sort_keys=True, separators=(",", ":")).encode()
-  data += b"\n" + np.frombuffer(b"".join(blocks), np.uint8).reshape(-1, 4).T.tobytes()
-  tmp = path.with_name(path.name + ".tmp")
-  with open(tmp, "wb") as f:
-    f.write(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
-  tmp.replace(path)
+  return data + b"\n" + np.frombuffer(b"".join(blocks), np.uint8).reshape(-1, 4).T.tobytes()
 
 
 def read(path: pathlib.Path) -> dict:
   """``{"meta", "runs"}`` with each run's missing losses (non-finite in training) back as ``inf``
-  (never credited, ``metrics.credited``) and block means repeated to one loss per step."""
+  (never credited, ``metrics.credited``), block means repeated to one loss per step, and the runs
+  ``meta["linked"]`` names fetched from their folders (after this file's own, under its groups)."""
   path = pathlib.Path(path)
   if path.is_dir():
     path = path / FILE
   if not path.is_file():
     raise FileNotFoundError(f"{str(path)!r} does not exist: give a folder holding {FILE} (a sweep's "
                             "--out or a docs/results folder) or the file itself")
-  raw = path.read_bytes()
   try:
-    content = lzma.decompress(raw)
-    text, _, blob = content.partition(b"\n")
-    data = json.loads(text)
-    scale = data.pop("loss_scale", 10**5)
-    layout = data.pop("loss_layout", None)
-    if layout == PLANES:
-      blob = np.frombuffer(blob, np.uint8).reshape(4, -1).T.tobytes()
-    elif layout is not None:
-      raise ValueError(f"unknown loss_layout {layout!r}")
-    ints, at = np.frombuffer(blob, "<i4"), 0
-    for r in data["runs"]:
-      if "losses_int32" in r:
-        n = r.pop("losses_int32")
-        if at + n > len(ints):
-          raise ValueError("the binary losses end early")
-        chunk = ints[at:at + n]
-        r["losses"] = np.where(chunk == _MISSING, np.inf, chunk / scale).tolist()
-        at += n
-      for key in ("losses", "val_losses"):
-        r[key] = [float("inf") if v is None else v for v in r[key]]
-      every = r.pop("loss_every", 1)
-      if every > 1:
-        r["losses"] = np.repeat(r["losses"], every)[:r.pop("num_losses")].tolist()
-        r["stored_every"] = every  # ``write`` stores the run as these block means again
+    data = _decode(lzma.decompress(path.read_bytes()), path)
   except (lzma.LZMAError, OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as e:
     # (a truncated or foreign file, or JSON without the runs: xz raises LZMAError/EOFError, JSON
     # ValueError, a missing field KeyError)
     raise ValueError(f"{str(path)!r} is not a readable curves file ({type(e).__name__}: {e}); "
                      f"rewrite it from its runs (a sweep writes {FILE} into its --out folder)") from e
+  for folder, names in data["meta"].get("linked", {}).items():
+    there = {r["name"]: r for r in read(path.parent / folder)["runs"]}
+    missing = [name for _, name in names if name not in there]
+    if missing:
+      raise ValueError(f"{str(path)!r} links {len(missing)} runs that {folder!r} does not hold "
+                       f"(first {missing[0]!r}): restore that study's {FILE}")
+    data["runs"] += [{**there[name], "group": group} for group, name in names]
+  return data
+
+
+def _decode(content: bytes, path) -> dict:
+  """``write``'s content (before compression) as ``read`` returns it, links not fetched."""
+  text, _, blob = content.partition(b"\n")
+  data = json.loads(text)
+  scale = data.pop("loss_scale", 10**5)
+  layout = data.pop("loss_layout", None)
+  if layout == PLANES:
+    blob = np.frombuffer(blob, np.uint8).reshape(4, -1).T.tobytes()
+  elif layout is not None:
+    raise ValueError(f"unknown loss_layout {layout!r}")
+  ints, at = np.frombuffer(blob, "<i4"), 0
+  for r in data["runs"]:
+    if "losses_int32" in r:
+      n = r.pop("losses_int32")
+      if at + n > len(ints):
+        raise ValueError(f"{str(path)!r}: the binary losses end early")
+      chunk = ints[at:at + n]
+      r["losses"] = np.where(chunk == _MISSING, np.inf, chunk / scale).tolist()
+      at += n
+    for key in ("losses", "val_losses"):
+      r[key] = [float("inf") if v is None else v for v in r[key]]
+    every = r.pop("loss_every", 1)
+    if every > 1:
+      r["losses"] = np.repeat(r["losses"], every)[:r.pop("num_losses")].tolist()
+      r["stored_every"] = every  # ``write`` stores the run as these block means again
   return data
 
 

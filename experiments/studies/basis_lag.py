@@ -174,8 +174,7 @@ def write(measured: list, out: pathlib.Path, command: str) -> dict:
                                             summarise(run).items() if v["lag"] is not None]
                 for run in measured}, out / "basis_lag.png",
                "basis lag off(U_used, S_fresh) per stage", "stage delay tau + 1", "off-diagonal fraction")
-  summary_lib.write(out / "summary.json", summary)
-  return summary
+  return summary_lib.write(out / "summary.json", summary)
 
 
 def _packed(points, digits: int = 4) -> list:

@@ -195,8 +195,7 @@ def write(rows, hosts, out: pathlib.Path, command: str, revisions=()) -> dict:
                      "mean": r["muon_interval"] and r["muon_interval"]["mean"]},
        "rotation_over_muon": {str(k): v for k, v in r["rotation_over_muon"].items()}}
       for r in rows]}
-  summary_lib.write(out / "summary.json", summary)
-  return summary
+  return summary_lib.write(out / "summary.json", summary)
 
 
 def main(argv=None):

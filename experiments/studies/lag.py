@@ -206,8 +206,7 @@ def write(rows, decided, decay, why, data, out: pathlib.Path, command: str,
                          "slowdown": r["slowdown"], "val_p1": r["val_p1"], "val_top": r["val_top"],
                          "eligibility": why.get(r["decay"])} for r in rows],
              "claims": [c.summary() for c in decided]}
-  summary_lib.write(out / "summary.json", summary)
-  return summary
+  return summary_lib.write(out / "summary.json", summary)
 
 
 def main(argv=None):

@@ -196,7 +196,7 @@ def main(argv=None) -> dict:
   summary = {"command": command, "hosts": hosts, "rates": {f"{m} P={p}": r for (m, p), r in rates.items()},
              "seeds": {str(s): r for s, r in result["seeds"].items()},
              "left_out": {str(s): w for s, w in result["left_out"].items()}, "claims": result["claims"]}
-  summary_lib.write(out / "summary.json", summary)
+  summary = summary_lib.write(out / "summary.json", summary)
   print(f"wrote {out}/report.md: " + ("; ".join(f"{c['claim']}: {c['verdict']}" for c in result["claims"])
                                       or f"interim, {len(result['seeds'])} of {len(SEEDS)} seeds counted; "
                                       "no verdict"))

@@ -184,8 +184,7 @@ def write(rows, rule, left_out, read, meta, seeds, out: pathlib.Path, command: s
                "peak learning rate", "final validation loss")
   summary = {"command": command, "sweeps": meta["sweeps"], "seeds": list(seeds), "rows": rows,
              "shared_rate": rule, "left_out": left_out, "readings": read}
-  summary_lib.write(out / "summary.json", summary)
-  return summary
+  return summary_lib.write(out / "summary.json", summary)
 
 
 def main(argv=None):

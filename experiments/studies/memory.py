@@ -235,11 +235,11 @@ def main(argv=None):
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   curves.write(out / curves.FILE, {"window": next(iter(windows.values())), "windows": windows,
-                                   "sweeps": sweeps}, runs)
+                                   "sweeps": sweeps}, runs, link=args.link)
   runs = curves.read(out)["runs"]  # the study from the stored (block-mean) curves alone
   window = {int(t): w for t, w in windows.items()}
   rows, decided, fast = study(runs, window)
-  command = f"python -m experiments.studies.memory {args.out} --out {args.out}"  # rebuilds from --out
+  command = f"python -m experiments.studies.memory {args.out}{cli.link_flag(args)} --out {args.out}"
   summary = write(rows, decided, fast, {"sweeps": sweeps}, runs, out, command)
   print(f"wrote {out / 'report.md'}: " + "; ".join(
       f"{c['verdict']}: {c['claim']}" for c in summary["claims"] + summary["claims_fast"]))

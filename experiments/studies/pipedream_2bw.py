@@ -236,7 +236,7 @@ def write(rows, momentum, claims, glance, hosts, out: pathlib.Path, command: str
                                                      if r["gap"] else None)}
   summary = {"command": command, "hosts": hosts, "gaps": [keep(r) for r in rows + momentum],
              "claims": [c.summary() for c in claims]}
-  summary_lib.write(out / "summary.json", summary)
+  summary = summary_lib.write(out / "summary.json", summary)
   return summary
 
 

@@ -280,7 +280,7 @@ def write(scales, chosen, gaps, finals, decided, meta, runs, out: pathlib.Path, 
              "claims": [{**c.summary(), "rests_on_one_seed": m,  # the readings, where not inconclusive
                          **({"leave_one_out": rows} if c.verdict != "inconclusive" else {})}
                         for c, rows, m in zip(decided, loo, moved)]}
-  summary_lib.write(out / "summary.json", summary)
+  summary = summary_lib.write(out / "summary.json", summary)
   return summary
 
 
@@ -289,9 +289,9 @@ def main(argv=None):
   data = curves.merge(args.sources, block=BLOCK)
   scales, chosen, gaps, finals, decided = study(data["runs"])
   out = pathlib.Path(args.out)
-  command = f"python -m experiments.studies.remedies {args.out} --out {args.out}"  # rebuilds from --out
+  command = f"python -m experiments.studies.remedies {args.out}{cli.link_flag(args)} --out {args.out}"
   summary = write(scales, chosen, gaps, finals, decided, data["meta"], data["runs"], out, command)
-  curves.write(out / curves.FILE, data["meta"], data["runs"])
+  curves.write(out / curves.FILE, data["meta"], data["runs"], link=args.link)
   print(f"wrote {out / 'report.md'}: chosen scales {chosen}")
   return summary
 

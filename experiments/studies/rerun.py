@@ -103,7 +103,7 @@ def write(pairs, unmatched, sources, out: pathlib.Path, command: str, provenance
   (out / "report.md").write_text("\n".join(lines) + "\n")
   summary = {"command": command, "sources": list(sources), "provenance": provenance,
              "aggregate": aggregate, "pairs": pairs}
-  summary_lib.write(out / "summary.json", summary)
+  summary = summary_lib.write(out / "summary.json", summary)
   return summary
 
 

@@ -297,7 +297,7 @@ def main(argv=None) -> dict:
   summary = {"command": command, "hosts": hosts, "chosen": result["chosen"], "sweeps_to_run": commands,
              "governs": result["governs"], "methods": result["methods"],
              "stage2_by_cpu": result["stage2_by_cpu"]}
-  summary_lib.write(out / "summary.json", summary)
+  summary = summary_lib.write(out / "summary.json", summary)
   print(f"wrote {out}/report.md: " + ("rates chosen: " + json.dumps(result["chosen"]) if result["chosen"]
                                       else f"{len(commands)} sweeps still to run"))
   return result
