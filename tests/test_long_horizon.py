@@ -179,3 +179,20 @@ def test_no_verdict_until_all_six_seeds_are_counted(study):
   six = study(runs)
   assert [c["verdict"] for c in six["claims"]] == ["reproduced"] * 3, six["claims"]
   assert {s: six["seeds"][s] for s in five["seeds"]} == five["seeds"]
+
+
+def test_the_report_counts_each_cpus_runs_and_their_recorded_seconds(study, tmp_path):
+  runs = _seed(6, {"pipedream": 4.0, "nesterov": 3.0, "rotation": 2.0, "muon": 1.5})  # 8 read, 4 not
+  runs += _seed(7, {"pipedream": 4.0, "nesterov": 3.0, "rotation": 2.0, "muon": 1.5}, cpu="cpu B",
+                off_rate=False)
+  for i, r in enumerate(runs):
+    r["seconds"] = 100.0 * (i + 1) if i != 3 else None  # a run with no recorded time adds nothing
+  summary = study(runs)
+  a_seconds = sum(100.0 * (i + 1) for i in range(12) if i != 3)
+  b_seconds = sum(100.0 * (i + 1) for i in range(12, 20))
+  assert summary["compute"] == {"cpu A": {"runs": 12, "read": 8, "seconds": a_seconds},
+                                "cpu B": {"runs": 8, "read": 8, "seconds": b_seconds}}
+  report = (tmp_path / "out" / "report.md").read_text()
+  assert (f"- on cpu A: 12 runs published (8 read by the claims), {a_seconds:,.0f} s of recorded "
+          f"training, {a_seconds / 3600:.1f} CPU-hours") in report
+  assert f"- on cpu B: 8 runs published (8 read by the claims), {b_seconds:,.0f} s" in report

@@ -135,10 +135,26 @@ def _num(x, spec="{:.2f}") -> str:
   return "-" if x is None else spec.format(x)
 
 
-def report(result: dict, rates: dict, command: str, hosts) -> str:
+def compute(runs, rates: dict) -> dict:
+  """Per CPU, what the published runs cost: ``{cpu: {"runs", "read", "seconds"}}`` (``seconds``: the
+  training seconds the runs recorded, one core each; a resumed run records its last process's only,
+  so the sum is a lower bound)."""
+  out = {}
+  for r in runs:
+    row = out.setdefault((r.get("host") or {}).get("cpu"), {"runs": 0, "read": 0, "seconds": 0.0})
+    row["runs"] += 1
+    row["read"] += read_at(r, rates)
+    row["seconds"] += r.get("seconds") or 0.0
+  return out
+
+
+def report(result: dict, rates: dict, command: str, hosts, cost: dict) -> str:
   lines = ["# The long horizon, confirmatory (protocol amendment 8)", "", f"- made by `{command}`",
            "- runs from " + ("one CPU: " if len(hosts) <= 1 else "**more than one CPU** (a blocking "
                              "factor of every test): ") + curves.hosts_text(hosts),
+           *(f"- on {cpu}: {c['runs']} runs published ({c['read']} read by the claims), "
+             f"{c['seconds']:,.0f} s of recorded training, {c['seconds'] / 3600:.1f} CPU-hours at one core "
+             "a run (a resumed run records its last process's seconds only)" for cpu, c in cost.items()),
            f"- T = {STEPS}, P = 1 and {TOP}, 1F1B with weight stashing; the confirmatory seeds "
            f"{SEEDS[0]}-{SEEDS[-1]}; every (method, P) at its tuned rate: "
            + ", ".join(f"{m} {rates[(m, 1)]:g} / {rates[(m, TOP)]:g}" for m in METHODS) + " (P = 1 / 16)",
@@ -192,8 +208,10 @@ def main(argv=None) -> dict:
   command = (f"python -m experiments.studies.long_horizon {' '.join(map(str, folders))} "
              f"--rates {args.rates} --out {out}")
   hosts = curves.hosts_of([r for m in merged.values() for r in m["runs"]])
-  (out / "report.md").write_text(report(result, rates, command, hosts))
-  summary = {"command": command, "hosts": hosts, "rates": {f"{m} P={p}": r for (m, p), r in rates.items()},
+  cost = compute([r for m in merged.values() for r in m["runs"]], rates)
+  (out / "report.md").write_text(report(result, rates, command, hosts, cost))
+  summary = {"command": command, "hosts": hosts, "compute": cost,
+             "rates": {f"{m} P={p}": r for (m, p), r in rates.items()},
              "seeds": {str(s): r for s, r in result["seeds"].items()},
              "left_out": {str(s): w for s, w in result["left_out"].items()}, "claims": result["claims"]}
   summary = summary_lib.write(out / "summary.json", summary)
