@@ -137,8 +137,9 @@ def _num(x, spec="{:.2f}") -> str:
 
 def compute(runs, rates: dict) -> dict:
   """Per CPU, what the published runs cost: ``{cpu: {"runs", "read", "seconds"}}`` (``seconds``: the
-  training seconds the runs recorded, one core each; a resumed run records its last process's only,
-  so the sum is a lower bound)."""
+  training seconds the runs recorded, one core each; a resumed run carries its checkpoint's seconds
+  on, and an interrupted process's steps after its last checkpoint are not counted, so the sum is a
+  lower bound)."""
   out = {}
   for r in runs:
     row = out.setdefault((r.get("host") or {}).get("cpu"), {"runs": 0, "read": 0, "seconds": 0.0})
@@ -154,7 +155,8 @@ def report(result: dict, rates: dict, command: str, hosts, cost: dict) -> str:
                              "factor of every test): ") + curves.hosts_text(hosts),
            *(f"- on {cpu}: {c['runs']} runs published ({c['read']} read by the claims), "
              f"{c['seconds']:,.0f} s of recorded training, {c['seconds'] / 3600:.1f} CPU-hours at one core "
-             "a run (a resumed run records its last process's seconds only)" for cpu, c in cost.items()),
+             "a run (a lower bound: steps an interrupted process trained after its last checkpoint are not "
+             "counted)" for cpu, c in cost.items()),
            f"- T = {STEPS}, P = 1 and {TOP}, 1F1B with weight stashing; the confirmatory seeds "
            f"{SEEDS[0]}-{SEEDS[-1]}; every (method, P) at its tuned rate: "
            + ", ".join(f"{m} {rates[(m, 1)]:g} / {rates[(m, TOP)]:g}" for m in METHODS) + " (P = 1 / 16)",
