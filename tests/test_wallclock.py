@@ -44,8 +44,9 @@ def test_the_wall_clock_is_iterations_times_the_measured_step_and_the_claims_fol
       target = metrics.final_smoothed(curve["nesterov"], 20)
       iters = {m: metrics.iterations_to(curve[m], target, 20) for m in ("nesterov", "rotation")}
       want = iters["rotation"] * 2.5 / (iters["nesterov"] * 1.0)  # the medians of the rounds
-      assert abs(row["ratio"][i] / want - 1) < 1e-12
-      assert abs(row["rows"]["rotation"]["seconds"][i] - iters["rotation"] * 2.5e-3) < 1e-12
+      # (summary.json's floats keep 10 significant digits: experiments.report.summary.DIGITS)
+      assert abs(row["ratio"][i] / want - 1) < 1e-9
+      assert abs(row["rows"]["rotation"]["seconds"][i] / (iters["rotation"] * 2.5e-3) - 1) < 1e-9
   # P = 1: 1/1.6 of the iterations at 2.5x the step -> about 1.56x the wall-clock: slower;
   # P = 8: 1/3 of the iterations -> about 0.83x: faster.
   assert 1.4 < np.mean(summary["rows"]["1"]["ratio"]) < 1.7
