@@ -216,6 +216,8 @@ def test_a_run_another_study_publishes_is_stored_as_a_link_and_read_back_from_th
   curves.write(tmp_path / "c.json.xz", back["meta"], back["runs"])
   again = curves.read(tmp_path / "c.json.xz")
   assert "linked" not in again["meta"] and len(again["runs"]) == 3
+  with pytest.raises(ValueError, match="is the folder being written"):
+    curves.write(tmp_path / "b" / curves.FILE, {"window": 5}, runs, link=[tmp_path / "b"])
   # the target losing the run is one clear error naming it
   curves.write(tmp_path / "a" / curves.FILE, {"window": 5}, [other])
   with pytest.raises(ValueError, match="links 1 runs that '../a' does not hold \\(first 's'\\)"):

@@ -118,6 +118,8 @@ def _linked(path: pathlib.Path, meta: dict, runs: list, link) -> tuple[dict, lis
   held = {}
   for folder in link:
     rel = os.path.relpath(pathlib.Path(folder).resolve(), path.resolve().parent)
+    if rel == ".":
+      raise ValueError(f"--link {str(folder)!r} is the folder being written: link to another study's")
     for r in read(folder)["runs"]:
       held.setdefault(r["name"], (rel, {k: v for k, v in r.items() if k != "group"}))
   linked, own = {}, []
