@@ -43,7 +43,7 @@ from experiments.harness import data as data_lib
 from experiments.harness import model as model_lib
 from experiments.harness import runs
 from experiments.report import plots
-from experiments.report import summary as summary_lib
+from experiments.studies import write_summary
 from experiments.studies.hessian import run_bases
 from experiments.sweep import presets
 
@@ -174,7 +174,7 @@ def write(measured: list, out: pathlib.Path, command: str) -> dict:
                                             summarise(run).items() if v["lag"] is not None]
                 for run in measured}, out / "basis_lag.png",
                "basis lag off(U_used, S_fresh) per stage", "stage delay tau + 1", "off-diagonal fraction")
-  return summary_lib.write(out / "summary.json", summary)
+  return write_summary(out, summary)
 
 
 def _packed(points, digits: int = 4) -> list:

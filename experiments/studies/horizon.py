@@ -22,8 +22,8 @@ import sys
 from experiments import cli
 from experiments.harness.methods import BASELINES
 from experiments.report import claims, curves, metrics, plots
-from experiments.report import summary as summary_lib
 from experiments.report.tables import curves_by, seed_tables
+from experiments.studies import write_summary
 
 NO_GAIN = "rotation or the best baseline diverged or shares no levels"
 # Seeds trained and looked at before docs/protocol.md fixed the seeds (its "Seeds" and amendment 8).
@@ -195,7 +195,7 @@ def write(rows, hosts, out: pathlib.Path, command: str, revisions=()) -> dict:
                      "mean": r["muon_interval"] and r["muon_interval"]["mean"]},
        "rotation_over_muon": {str(k): v for k, v in r["rotation_over_muon"].items()}}
       for r in rows]}
-  return summary_lib.write(out / "summary.json", summary)
+  return write_summary(out, summary)
 
 
 def main(argv=None):

@@ -30,8 +30,8 @@ import pathlib
 
 from experiments import cli
 from experiments.report import claims, curves, metrics, plots
-from experiments.report import summary as summary_lib
 from experiments.report.tables import curves_by, seed_tables
+from experiments.studies import write_summary
 
 REFERENCE = 0.999  # the paper's decay (b2)
 
@@ -206,7 +206,7 @@ def write(rows, decided, decay, why, data, out: pathlib.Path, command: str,
                          "slowdown": r["slowdown"], "val_p1": r["val_p1"], "val_top": r["val_top"],
                          "eligibility": why.get(r["decay"])} for r in rows],
              "claims": [c.summary() for c in decided]}
-  return summary_lib.write(out / "summary.json", summary)
+  return write_summary(out, summary)
 
 
 def main(argv=None):

@@ -33,9 +33,8 @@ import pathlib
 from experiments import cli
 from experiments.harness.methods import BASELINES
 from experiments.report import claims, curves, metrics
-from experiments.report import summary as summary_lib
 from experiments.report.tables import curve_of
-from experiments.studies import lr_grid, tuned_rates
+from experiments.studies import lr_grid, tuned_rates, write_summary
 
 STEPS, TOP = 38400, 16
 METHODS = ("pipedream", "nesterov", "rotation", "muon")
@@ -216,7 +215,7 @@ def main(argv=None) -> dict:
              "rates": {f"{m} P={p}": r for (m, p), r in rates.items()},
              "seeds": {str(s): r for s, r in result["seeds"].items()},
              "left_out": {str(s): w for s, w in result["left_out"].items()}, "claims": result["claims"]}
-  summary = summary_lib.write(out / "summary.json", summary)
+  summary = write_summary(out, summary)
   print(f"wrote {out}/report.md: " + ("; ".join(f"{c['claim']}: {c['verdict']}" for c in result["claims"])
                                       or f"interim, {len(result['seeds'])} of {len(SEEDS)} seeds counted; "
                                       "no verdict"))

@@ -29,7 +29,7 @@ import numpy as np
 from experiments import cli
 from experiments.harness.methods import BASELINES
 from experiments.report import curves, metrics, plots, tables
-from experiments.report import summary as summary_lib
+from experiments.studies import write_summary
 
 SHARED = 3e-3  # the preset's shared peak rate
 BLOCK = 100  # training-loss block mean stored per run
@@ -184,7 +184,7 @@ def write(rows, rule, left_out, read, meta, seeds, out: pathlib.Path, command: s
                "peak learning rate", "final validation loss")
   summary = {"command": command, "sweeps": meta["sweeps"], "seeds": list(seeds), "rows": rows,
              "shared_rate": rule, "left_out": left_out, "readings": read}
-  return summary_lib.write(out / "summary.json", summary)
+  return write_summary(out, summary)
 
 
 def main(argv=None):

@@ -34,8 +34,8 @@ import sys
 from experiments import cli
 from experiments.report import claims as claims_lib
 from experiments.report import curves, metrics, plots
-from experiments.report import summary as summary_lib
 from experiments.report.tables import curves_by, seed_tables
+from experiments.studies import write_summary
 
 PAPER = "arXiv 2606.30634"
 NAMES = {"1f1b": "1F1B", "2bw": "2BW"}
@@ -236,8 +236,7 @@ def write(rows, momentum, claims, glance, hosts, out: pathlib.Path, command: str
                                                      if r["gap"] else None)}
   summary = {"command": command, "hosts": hosts, "gaps": [keep(r) for r in rows + momentum],
              "claims": [c.summary() for c in claims]}
-  summary = summary_lib.write(out / "summary.json", summary)
-  return summary
+  return write_summary(out, summary)
 
 
 def main(argv=None):

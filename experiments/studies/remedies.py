@@ -30,7 +30,7 @@ import numpy as np
 from experiments import cli
 from experiments.harness import methods
 from experiments.report import claims, curves, metrics
-from experiments.report import summary as summary_lib
+from experiments.studies import write_summary
 
 BLOCK = 100  # training-loss block mean stored per run
 SCALE = {"predict": "predict_scale", "dc": "dc_lambda"}
@@ -280,8 +280,7 @@ def write(scales, chosen, gaps, finals, decided, meta, runs, out: pathlib.Path, 
              "claims": [{**c.summary(), "rests_on_one_seed": m,  # the readings, where not inconclusive
                          **({"leave_one_out": rows} if c.verdict != "inconclusive" else {})}
                         for c, rows, m in zip(decided, loo, moved)]}
-  summary = summary_lib.write(out / "summary.json", summary)
-  return summary
+  return write_summary(out, summary)
 
 
 def main(argv=None):

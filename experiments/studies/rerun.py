@@ -20,7 +20,7 @@ import numpy as np
 
 from experiments import cli
 from experiments.report import curves, metrics
-from experiments.report import summary as summary_lib
+from experiments.studies import write_summary
 
 
 def pair(new: dict, old: dict, window: int) -> dict:
@@ -103,8 +103,7 @@ def write(pairs, unmatched, sources, out: pathlib.Path, command: str, provenance
   (out / "report.md").write_text("\n".join(lines) + "\n")
   summary = {"command": command, "sources": list(sources), "provenance": provenance,
              "aggregate": aggregate, "pairs": pairs}
-  summary = summary_lib.write(out / "summary.json", summary)
-  return summary
+  return write_summary(out, summary)
 
 
 def main(argv=None):

@@ -34,8 +34,7 @@ import re
 from experiments import cli
 from experiments.harness import provenance
 from experiments.report import curves
-from experiments.report import summary as summary_lib
-from experiments.studies import lr_grid
+from experiments.studies import lr_grid, write_summary
 
 GRID = (1e-3, 2e-3, 3e-3, 6e-3, 1e-2)  # the protocol's grid
 METHODS = ("pipedream", "nesterov", "rotation", "muon")
@@ -297,7 +296,7 @@ def main(argv=None) -> dict:
   summary = {"command": command, "hosts": hosts, "chosen": result["chosen"], "sweeps_to_run": commands,
              "governs": result["governs"], "methods": result["methods"],
              "stage2_by_cpu": result["stage2_by_cpu"]}
-  summary = summary_lib.write(out / "summary.json", summary)
+  write_summary(out, summary)
   print(f"wrote {out}/report.md: " + ("rates chosen: " + json.dumps(result["chosen"]) if result["chosen"]
                                       else f"{len(commands)} sweeps still to run"))
   return result
