@@ -5,7 +5,9 @@ docs/algorithms.md section 2).
 estimated Hessian eigenbasis ``G~ = U^T G V``, runs ``inner`` (Adam by default) on the rotated
 gradients, and rotates the update back ``U u~ V^T``. The bases are Kronecker factors per matrix,
 refreshed infrequently (cold start by SVD at step 1, then one QR power-iteration step every
-``refresh_every`` steps) under ``jax.lax.switch``.
+``refresh_every`` steps) under ``jax.lax.switch``; a step at which no leaf refreshes (most steps)
+takes a plain path instead, under one ``jax.lax.cond``: the statistics and the rotations only, the
+inner moments neither cut into blocks nor passed through the switch (the same numbers, tested).
 
 Which matrices: ``weight_dimension_numbers`` (``rotation.RotationDimensionNumbers``, optax's
 convention) names each leaf's reduction (row) and output (column) axes; every other axis is a batch
@@ -302,6 +304,67 @@ def _piece_args(items) -> tuple[list, list]:
   return args, owners
 
 
+def _schedules(items) -> list:
+  """The rotated leaves grouped by refresh schedule: ``[((period, offset), [leaf index, ...])]``
+  (a traced period, under ``optax.inject_hyperparams``, by identity)."""
+  groups = {}
+  for n, item in enumerate(items):
+    key = tuple(x if isinstance(x, int) else id(x) for x in item[5:])
+    groups.setdefault(key, (item[5:], []))[1].append(n)
+  return list(groups.values())
+
+
+def _branch(count, period, offset, opts: Options):
+  """Which refresh a schedule runs at step ``count``: 0 none, 1 cold (step 1), 2 warm."""
+  warm_now = (count > 1) & ((count - offset) % period == 0)
+  if opts.freeze_after is not None:
+    warm_now = warm_now & (count <= opts.freeze_after)
+  return jnp.where(count == 1, 1, jnp.where(warm_now, 2, 0))
+
+
+def refresh_due(count, items, opts: Options):
+  """Whether any rotated leaf refreshes its bases at step ``count`` (never with fixed bases)."""
+  if opts.fixed or not items:
+    return jnp.zeros([], bool)
+  return jnp.any(jnp.stack([_branch(count, *sched, opts) > 0 for sched, _ in _schedules(items)]))
+
+
+def _statistics_of(opts: Options):
+  return jax.vmap(lambda g, sl, sr: mx.statistics(g, sl, sr, opts.shampoo_beta, opts.precision))
+
+
+def _new_pieces(pieces, stats, bases, opts: Options) -> tuple:
+  """A leaf's pieces from its per-piece statistics ``(L, R)`` and bases ``(U, V)``, in their storage
+  dtypes."""
+  like = lambda new, old: _stored(new, opts, old.dtype if new is not None else None)
+  return tuple(RotationPiece(like(ql, piece.left), like(qr, piece.right), like(sl, piece.stat_left),
+                             like(sr, piece.stat_right))
+               for piece, (sl, sr), (ql, qr) in zip(pieces, stats, bases))
+
+
+def rotate_in_only(items, together: bool, opts: Options) -> list:
+  """No refresh due at this step: the statistics and the rotation in for every rotated leaf, the
+  bases and moments as they are. Same return as ``refresh_and_rotate``; only the gradients are cut
+  into pieces (and same-shape pieces stacked when ``together``), never the moments."""
+  args, owners = [], []
+  for n, (plan, pieces, g, _, _, _, _) in enumerate(items):
+    cdt = compute_dtype(g)
+    up = lambda x, cdt=cdt: None if x is None else x.astype(cdt)
+    for gp, piece in zip(dims.to_pieces(g.astype(cdt), plan.layout), pieces):
+      args.append((gp, up(piece.left), up(piece.right), up(piece.stat_left), up(piece.stat_right)))
+      owners.append(n)
+  stats_of = _statistics_of(opts)
+  rot_in = jax.vmap(lambda g, ql, qr: mx.rotate_in(g, ql, qr, opts.precision))
+  done = batched(lambda a: (stats_of(a[0], a[3], a[4]), rot_in(a[0], a[1], a[2])), args, together)
+  results = []
+  for n, (plan, pieces, g, firsts, seconds, _, _) in enumerate(items):
+    mine, cdt = owned(done, owners, n), compute_dtype(g)
+    results.append((dims.from_pieces([rot for _, rot in mine], plan.layout),
+                    _new_pieces(pieces, [st for st, _ in mine], [(p.left, p.right) for p in pieces], opts),
+                    [f.astype(cdt) for f in firsts], [s.astype(cdt) for s in seconds]))
+  return results
+
+
 def refresh_and_rotate(count, items, together: bool, opts: Options) -> list:
   """Statistics, refresh and rotation in for every rotated leaf at once. ``items``: per leaf
   ``(plan, pieces, g, firsts, seconds, period, offset)``. Returns per leaf the rotated gradient
@@ -311,7 +374,7 @@ def refresh_and_rotate(count, items, together: bool, opts: Options) -> list:
   ``together`` (``rotation.stacks``), and the leaves sharing a refresh schedule share one
   ``lax.switch``, so a model of many small kernels costs a few large ops, not many small ones."""
   args, owners = _piece_args(items)
-  stats_of = jax.vmap(lambda g, sl, sr: mx.statistics(g, sl, sr, opts.shampoo_beta, opts.precision))
+  stats_of = _statistics_of(opts)
   with_stats = lambda a: a[:3] + tuple(stats_of(a[0], a[3], a[4])) + a[5:]
   batched_refresh = jax.default_backend() != "cpu" if opts.batch_refresh is None else opts.batch_refresh
   each = jax.vmap if batched_refresh else (lambda f: lambda a: jax.lax.map(f, a))
@@ -319,38 +382,23 @@ def refresh_and_rotate(count, items, together: bool, opts: Options) -> list:
   warm = each(lambda a: mx.warm(a, opts))
   keep = lambda a: mx.keep(a, opts.precision)
   outs, stats = [None] * len(args), [None] * len(args)
-  schedules = {}  # (period, offset) -> pieces; a traced period (inject_hyperparams) by identity
-  for k, n in enumerate(owners):
-    key = tuple(x if isinstance(x, int) else id(x) for x in items[n][5:])
-    schedules.setdefault(key, (items[n][5:], []))[1].append(k)
-  for (period, offset), ks in schedules.values():
+  for (period, offset), leaves in _schedules(items):
+    ks = [k for k, n in enumerate(owners) if n in leaves]
     # stacked once: the statistics, the switch and its results run on a few stacks, not on every
     # piece (XLA copies each result that a branch passes through unchanged)
     stacks, split = stack([args[k] for k in ks], together)
     stacks = [with_stats(x) for x in stacks]
-    if opts.fixed:
-      got = split([keep(x) for x in stacks])
-    else:
-      warm_now = (count > 1) & ((count - offset) % period == 0)
-      if opts.freeze_after is not None:
-        warm_now = warm_now & (count <= opts.freeze_after)
-      branch = jnp.where(count == 1, 1, jnp.where(warm_now, 2, 0))
-      got = split(jax.lax.switch(branch, [lambda st: [keep(x) for x in st],
-                                          lambda st: [cold(x) for x in st],
-                                          lambda st: [warm(x) for x in st]], stacks))
+    got = split(jax.lax.switch(_branch(count, period, offset, opts),
+                               [lambda st: [keep(x) for x in st], lambda st: [cold(x) for x in st],
+                                lambda st: [warm(x) for x in st]], stacks))
     for k, o, st in zip(ks, got, split([x[3:5] for x in stacks])):
       outs[k], stats[k] = o, st
   results = []
   for n, (plan, pieces, _, firsts, seconds, _, _) in enumerate(items):
-    s_n, o_n = owned(stats, owners, n), owned(outs, owners, n)
-    new_pieces = tuple(
-        RotationPiece(_stored(ql, opts, piece.left.dtype if ql is not None else None),
-                      _stored(qr, opts, piece.right.dtype if qr is not None else None),
-                      _stored(sl, opts, piece.stat_left.dtype if sl is not None else None),
-                      _stored(sr, opts, piece.stat_right.dtype if sr is not None else None))
-        for piece, (sl, sr), (ql, qr, _, _, _) in zip(pieces, s_n, o_n))
+    o_n = owned(outs, owners, n)
     join = lambda parts, lay=plan.layout: dims.from_pieces(parts, lay)
-    results.append((join([o[4] for o in o_n]), new_pieces,
+    results.append((join([o[4] for o in o_n]),
+                    _new_pieces(pieces, owned(stats, owners, n), [o[:2] for o in o_n], opts),
                     [join([o[2][k] for o in o_n]) for k in range(len(firsts))],
                     [join([o[3][k] for o in o_n]) for k in range(len(seconds))]))
   return results
@@ -379,8 +427,17 @@ def update(updates, state, inner, opts: Options, weight_dimension_numbers, refre
   offset = lambda i: plans[i].rank * leaf_periods[i] // n_rotated if opts.stagger else 0
   items = [(plans[i], entries[i], leaves[i], [values[p][i] for p in first], [values[p][i] for p in second],
             leaf_periods[i], offset(i)) for i in idx]
-  for i, (g_rot, pieces, new_f, new_s) in zip(idx, refresh_and_rotate(count, items, together, opts)
-                                               if items else []):
+  # between refreshes (most steps) the moments are neither cut into pieces nor passed through the
+  # refresh's switch: one cond picks the plain path unless some leaf refreshes now
+  if not items:
+    results = []
+  elif opts.fixed:
+    results = rotate_in_only(items, together, opts)
+  else:
+    results = jax.lax.cond(refresh_due(count, items, opts),
+                           lambda: refresh_and_rotate(count, items, together, opts),
+                           lambda: rotate_in_only(items, together, opts))
+  for i, (g_rot, pieces, new_f, new_s) in zip(idx, results):
     rotated[i], new_entries[i] = g_rot, pieces
     for p, v in zip(first + second, new_f + new_s):
       values[p][i] = v.astype(values[p][i].dtype)

@@ -546,3 +546,31 @@ def test_max_precond_dim_opts_a_long_side_out_and_blocks_cut_it_otherwise():
   assert opted.left is None and opted.right.shape == (1, 16, 16)  # the long side is never cut
 
 
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"source": "first"}, {"block_size": 4, "geometry": "unilateral"},
+                                    {"precond_dtype": jnp.bfloat16, "stagger": True}])
+def test_steps_between_refreshes_equal_the_refresh_switch_bit_for_bit(monkeypatch, kwargs):
+  """Between refreshes the update takes a plain path (statistics and rotation in, the moments left
+  alone) instead of the refresh's ``lax.switch``; forcing the switch at every step changes no bit."""
+  from rotation import transform
+  keys = jax.random.split(jax.random.key(0), 3)
+  params = {"w": jax.random.normal(keys[0], (6, 10)), "v": jax.random.normal(keys[1], (10, 6)),
+            "b": jnp.zeros(6)}
+
+  def run():
+    tx = rotation.basis_rotation(1e-2, refresh_every=3, **kwargs)
+    state, update, p, out = tx.init(params), jax.jit(tx.update), params, []
+    for t in range(8):
+      g = jax.tree.map(lambda x, t=t: jnp.sin(x * (t + 1)) + 0.1 * x, p)
+      u, state = update(g, state, p)
+      p = optax.apply_updates(p, u)
+      out.append(u)
+    return jax.tree.leaves((out, state))
+
+  plain = run()
+  monkeypatch.setattr(transform, "refresh_due", lambda count, items, opts: jnp.ones([], bool))
+  forced = run()
+  assert len(plain) == len(forced)
+  for a, b in zip(plain, forced):
+    np.testing.assert_array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64))
