@@ -3,6 +3,7 @@ synthetic grids whose final validation loss is a known parabola in log2(rate): e
 widening and the sweeps it asks for, checked against the rule written out by hand."""
 
 import math
+import shlex
 
 import numpy as np
 import pytest
@@ -149,6 +150,19 @@ def test_main_end_to_end_and_rebuild(tmp_path, capsys):
   tr.main(["--grid", str(out / "t9600"), "--check", str(out / "t38400-test-cpu"), "--out", str(out),
            "--cpu", "test CPU"])
   assert (out / "report.md").read_text() == first  # rebuilt from its own merged curves
+  # seed 6 finished: its sweeps leave the report, and the command it records rebuilds it as it is
+  chosen = result["chosen"]
+  seed6 = [{**_run(m, p, chosen[m][p], 6, 38400, chosen[m][p]), "host": {"cpu": "test CPU", "cores": 2}}
+           for m in best for p in (1, 16)]
+  (tmp_path / "conf").mkdir()
+  curves.write(tmp_path / "conf" / curves.FILE, {"window": 21, "command": "conf"}, seed6)
+  tr.main(["--grid", str(out / "t9600"), "--check", str(out / "t38400-test-cpu"), "--confirmatory",
+           str(tmp_path / "conf"), "--out", str(out), "--cpu", "test CPU"])
+  with_six = (out / "report.md").read_text()
+  assert with_six.count("--seeds 6 ") == 0 and with_six.count("--seeds 7 ") == 2
+  made_by = with_six.splitlines()[2].removeprefix("- made by `python -m experiments.studies.tuned_rates ")
+  tr.main(shlex.split(made_by.removesuffix("`")))
+  assert (out / "report.md").read_text() == with_six
 
 
 def _checks(best, rates, cpu):

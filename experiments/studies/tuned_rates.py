@@ -286,6 +286,8 @@ def main(argv=None) -> dict:
   checked = [f"{out}/{name}" for name in folders if name != f"t{GRID_T}"]
   sources = [f"--grid {out}/t{GRID_T}"] if grid else []
   sources += [f"--check {' '.join(checked)}"] if checked else []
+  # the confirmatory folders decide the sweeps still to run: the command rebuilds the report only with them
+  sources += [f"--confirmatory {' '.join(args.confirmatory)}"] if args.confirmatory else []
   command = (f"python -m experiments.studies.tuned_rates {' '.join(sources)} --cpu '{here}' "
              f"--out {out}")
   for name, m in folders.items():
