@@ -64,7 +64,8 @@ def rotate_second(nu, ql, qr, new_l, new_r):
 
 
 def guarded(refresh, args, second_moments: str):
-  """``refresh(args)`` (-> candidate ``(U, V, seconds, rotated gradient)``) made safe: the
+  """``refresh(args)`` (-> candidate ``(U, V, seconds, rotated gradient or None)``; ``None``: the
+  gradient rotated into the new bases, ``U^T G V``, done here once the bases are chosen) made safe: the
   decompositions only ever see finite input, the first moments are re-expressed (and the second
   ones too under ``"rotate"``), and the old bases and moments are kept if the input or the result
   is not finite."""
@@ -75,11 +76,14 @@ def guarded(refresh, args, second_moments: str):
   new_firsts = tuple(reexpress(m, ql, qr, new_l, new_r) for m in firsts)
   if second_moments == "rotate":
     new_seconds = tuple(rotate_second(v, ql, qr, new_l, new_r) for v in seconds)
-  new = (new_l, new_r, new_firsts, new_seconds, g_rot)
   ok = finite & jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x))
                                      for x in jax.tree.leaves((new_l, new_r, new_seconds))]))
-  old = (ql, qr, firsts, seconds, rotate_in(g, ql, qr))
-  return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+  pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+  new_l, new_r, new_firsts, new_seconds = pick((new_l, new_r, new_firsts, new_seconds),
+                                                (ql, qr, firsts, seconds))
+  if g_rot is None:  # the gradient in whichever bases are kept: one rotation, not one per outcome
+    return new_l, new_r, new_firsts, new_seconds, rotate_in(g, new_l, new_r)
+  return new_l, new_r, new_firsts, new_seconds, pick(g_rot, rotate_in(g, ql, qr))
 
 
 def _cold(args):
@@ -114,7 +118,7 @@ def _warm(args, opts: Options):
     look_ahead = opts.b1 * rotate_out(firsts[0], ql, qr) + (1 - opts.b1) * g
     new_l, new_r, new_seconds = eb.first_order_bases(look_ahead, ql, qr, seconds, opts.first_order_step,
                                                      opts.orthonormalization)
-  return new_l, new_r, new_seconds, rotate_in(g, new_l, new_r)
+  return new_l, new_r, new_seconds, None  # guarded rotates the gradient into the bases it keeps
 
 
 def warm(args, opts: Options):
