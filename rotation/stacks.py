@@ -3,6 +3,7 @@ few large ones, and the split back, so that a model of many small kernels costs 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax
@@ -24,7 +25,7 @@ def stack(arg_list, together: bool) -> tuple[list, Callable]:
   groups = {}
   for i, a in enumerate(arg_list):
     sig = (jax.tree.structure(a), tuple((x.shape[1:], x.dtype) for x in jax.tree.leaves(a)))
-    if jax.tree.leaves(a)[0][0].size > LARGE:
+    if math.prod(jax.tree.leaves(a)[0].shape[1:]) > LARGE:
       sig = i  # its own stack: a concatenation of large matrices copies more than it saves
     groups.setdefault(sig, []).append(i)
   members = list(groups.values())

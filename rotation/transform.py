@@ -288,18 +288,20 @@ def _initial_pieces(x, plan, opts: Options, given) -> tuple:
   return tuple(pieces)
 
 
-def _piece_args(items) -> tuple[list, list]:
-  """Per piece of every rotated leaf ``(g, U, V, L, R, firsts, seconds)`` in the compute dtype, and
-  the index of the leaf that owns it."""
+def _piece_args(items, moments: bool = True) -> tuple[list, list]:
+  """Per piece of every rotated leaf ``(g, U, V, L, R, firsts, seconds)`` in the compute dtype (only
+  ``(g, U, V, L, R)`` without ``moments``: the moments are then never cut), and the index of the
+  leaf that owns it."""
   args, owners = [], []
   for n, (plan, pieces, g, firsts, seconds, _, _) in enumerate(items):
     cdt = compute_dtype(g)
     cut = lambda x, lay=plan.layout, cdt=cdt: dims.to_pieces(x.astype(cdt), lay)
     up = lambda x, cdt=cdt: None if x is None else x.astype(cdt)
-    gp, fp, sp = cut(g), [cut(f) for f in firsts], [cut(s) for s in seconds]
+    gp = cut(g)
+    fp, sp = ([cut(f) for f in firsts], [cut(s) for s in seconds]) if moments else ([], [])
     for j, piece in enumerate(pieces):
-      args.append((gp[j], up(piece.left), up(piece.right), up(piece.stat_left), up(piece.stat_right),
-                   tuple(f[j] for f in fp), tuple(s[j] for s in sp)))
+      args.append((gp[j], up(piece.left), up(piece.right), up(piece.stat_left), up(piece.stat_right))
+                  + ((tuple(f[j] for f in fp), tuple(s[j] for s in sp)) if moments else ()))
       owners.append(n)
   return args, owners
 
@@ -323,9 +325,7 @@ def _branch(count, period, offset, opts: Options):
 
 
 def refresh_due(count, items, opts: Options):
-  """Whether any rotated leaf refreshes its bases at step ``count`` (never with fixed bases)."""
-  if opts.fixed or not items:
-    return jnp.zeros([], bool)
+  """Whether any rotated leaf of ``items`` refreshes its bases at step ``count``."""
   return jnp.any(jnp.stack([_branch(count, *sched, opts) > 0 for sched, _ in _schedules(items)]))
 
 
@@ -346,13 +346,7 @@ def rotate_in_only(items, together: bool, opts: Options) -> list:
   """No refresh due at this step: the statistics and the rotation in for every rotated leaf, the
   bases and moments as they are. Same return as ``refresh_and_rotate``; only the gradients are cut
   into pieces (and same-shape pieces stacked when ``together``), never the moments."""
-  args, owners = [], []
-  for n, (plan, pieces, g, _, _, _, _) in enumerate(items):
-    cdt = compute_dtype(g)
-    up = lambda x, cdt=cdt: None if x is None else x.astype(cdt)
-    for gp, piece in zip(dims.to_pieces(g.astype(cdt), plan.layout), pieces):
-      args.append((gp, up(piece.left), up(piece.right), up(piece.stat_left), up(piece.stat_right)))
-      owners.append(n)
+  args, owners = _piece_args(items, moments=False)
   stats_of = _statistics_of(opts)
   rot_in = jax.vmap(lambda g, ql, qr: mx.rotate_in(g, ql, qr, opts.precision))
   done = batched(lambda a: (stats_of(a[0], a[3], a[4]), rot_in(a[0], a[1], a[2])), args, together)
@@ -383,7 +377,8 @@ def refresh_and_rotate(count, items, together: bool, opts: Options) -> list:
   keep = lambda a: mx.keep(a, opts.precision)
   outs, stats = [None] * len(args), [None] * len(args)
   for (period, offset), leaves in _schedules(items):
-    ks = [k for k, n in enumerate(owners) if n in leaves]
+    mine = set(leaves)
+    ks = [k for k, n in enumerate(owners) if n in mine]
     # stacked once: the statistics, the switch and its results run on a few stacks, not on every
     # piece (XLA copies each result that a branch passes through unchanged)
     stacks, split = stack([args[k] for k in ks], together)

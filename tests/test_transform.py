@@ -546,8 +546,6 @@ def test_max_precond_dim_opts_a_long_side_out_and_blocks_cut_it_otherwise():
   assert opted.left is None and opted.right.shape == (1, 16, 16)  # the long side is never cut
 
 
-
-
 @pytest.mark.parametrize("kwargs", [{}, {"source": "first"}, {"block_size": 4, "geometry": "unilateral"},
                                     {"precond_dtype": jnp.bfloat16, "stagger": True}])
 def test_steps_between_refreshes_equal_the_refresh_switch_bit_for_bit(monkeypatch, kwargs):
