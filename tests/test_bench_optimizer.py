@@ -65,3 +65,35 @@ def test_piece_shapes_and_the_plain_per_step_program_by_hand():
   np.testing.assert_allclose(g1, g + 1e-3 * (0.1 * g) / (np.sqrt(0.01 * g**2) + 1e-8), rtol=1e-5)
   np.testing.assert_array_equal(u, np.eye(3))
   np.testing.assert_array_equal(v, np.eye(2))
+
+
+def test_allocator_reads_the_mapped_libraries():
+  libc = "7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+  assert bench_optimizer.allocator(libc) == "libc"
+  jemalloc = "7f02-7f03 r-xp 0 08:01 2 /usr/lib/libjemalloc.so.2\n"
+  assert bench_optimizer.allocator(libc + jemalloc) == "jemalloc"
+  assert bench_optimizer.allocator("/opt/lib/libtcmalloc_minimal.so.4\n") == "tcmalloc"
+  assert bench_optimizer.allocator() in ("libc",) + bench_optimizer.ALLOCATORS  # this process's own
+
+
+def test_minor_faults_per_call_counts_fresh_pages():
+  """A call that maps 16 MiB afresh and writes every page faults about once a page (4,096 pages at
+  4 KiB); one that writes the same NumPy buffer again faults almost never."""
+  import mmap
+
+  size, page = 16 * 2**20, mmap.PAGESIZE
+
+  def fresh(x):
+    with mmap.mmap(-1, size) as m:
+      for i in range(0, size, page):
+        m[i] = 1
+    return (x,)
+
+  kept = np.zeros(size, np.uint8)
+
+  def reuse(x):
+    kept[::page] = 1
+    return (x,)
+
+  assert bench_optimizer.minor_faults_per_call(fresh, (np.float32(0),), calls=3) >= 0.9 * size / page
+  assert bench_optimizer.minor_faults_per_call(reuse, (np.float32(0),), calls=3) < 0.05 * size / page

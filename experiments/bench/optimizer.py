@@ -5,12 +5,19 @@ backward, update) on the CPU preset model, the update alone on the weight shapes
 the paper's 95M model (width 384, MLP 1,536; a small vocabulary so that the unrotated embeddings do
 not dominate), XLA's extra FLOPs per step, the fraction of the machine's plain matmul rate the
 rotation update reaches, and compile times. Refresh period 10 (the paper's default).
+
+The allocator changes these numbers on the CPU backend: XLA takes each call's temporary buffer
+from ``malloc``, and the C library's maps a buffer over its limit afresh for every call (and a
+non-main thread's over 64 MB always), so every page the call touches is a page fault. The floor
+lines print the buffer's size, the faults per call and the allocator in use (docs/benchmarks.md,
+"The allocator").
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import resource
 import time
 
 import jax
@@ -203,6 +210,34 @@ def block_step_report(width: int, refresh_every: int, batch_size: int = 32, cont
           "ratio": seconds["rotation"] / seconds["adamw"]}
 
 
+ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+
+
+def allocator(maps: str | None = None) -> str:
+  """The malloc this process runs with, read from its mapped libraries (``maps``: the text of
+  ``/proc/self/maps``, read when not given): one of ``ALLOCATORS`` preloaded in place of the C
+  library's, or ``"libc"``. On the CPU backend XLA takes each call's temporary buffer from it."""
+  if maps is None:
+    try:
+      with open("/proc/self/maps") as f:
+        maps = f.read()
+    except OSError:
+      maps = ""
+  return next((name for name in ALLOCATORS if f"lib{name}" in maps), "libc")
+
+
+def minor_faults_per_call(fn, state, calls: int) -> float:
+  """Minor page faults of this process per call of ``fn(*state) -> state`` (``calls`` chained calls
+  after one warm-up): pages the kernel hands out fresh, here mostly XLA's temporary buffer when the
+  allocator maps it anew for every call."""
+  state = jax.block_until_ready(fn(*state))
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  for _ in range(calls):
+    state = fn(*state)
+  jax.block_until_ready(state)
+  return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+
+
 def floor_report(width: int, refresh_every: int, rounds: int = 5) -> dict:
   """The default rotation's update alone on one paper-95m block at ``width`` against its matmul floor:
   FLOPs per step (``step_flops``), the machine's matmul rate (``matmul_rate`` at the block sides),
@@ -220,19 +255,25 @@ def floor_report(width: int, refresh_every: int, rounds: int = 5) -> dict:
   sides = sorted({d for leaf in jax.tree.leaves(params) if leaf.ndim == 2 for d in leaf.shape if d >= 256})
   rate = matmul_rate([min(d, rotation.DEFAULT_BLOCK_SIZE) for d in sides], rounds=rounds)
   floor = flops["total"] / rate
+  fns, _ = compiled_steps(params, {"rotation": txs["rotation"]}, lambda p, g: g)
+  fn, state = fns["rotation"]
+  memory = {"allocator": allocator(), "temp_bytes": fn.memory_analysis().temp_size_in_bytes,
+            "faults_per_call": minor_faults_per_call(fn, state, refresh_every)}
   return {"width": width, "flops": flops, "rate": rate, "floor": floor, "seconds": seconds,
-          "ratio": seconds["rotation"] / floor}
+          "ratio": seconds["rotation"] / floor, "memory": memory}
 
 
 def floor_line(r: dict) -> str:
-  f = r["flops"]
+  f, mem = r["flops"], r["memory"]
   return (f"paper-95m block, width {r['width']}, update alone: {f['total'] / 1e9:.1f} GFLOP per step "
           f"(per-step matmuls {f['matmuls'] / 1e9:.1f}, refresh matmuls {f['refresh_matmuls'] / 1e9:.1f}, "
           f"QR {f['qr'] / 1e9:.1f}); matmul rate {r['rate'] / 1e9:.0f} GFLOP/s; floor "
           f"{r['floor'] * 1e3:.1f} ms; rotation {r['seconds']['rotation'] * 1e3:.1f} ms = "
           f"{r['ratio']:.2f}x its floor (AdamW {r['seconds']['adamw'] * 1e3:.1f} ms); between refreshes "
           f"{r['seconds']['rotation, no warm refresh'] * 1e3:.1f} ms, where the same per-step matmuls "
-          f"written plainly per block take {r['seconds']['plain per-step program'] * 1e3:.1f} ms")
+          f"written plainly per block take {r['seconds']['plain per-step program'] * 1e3:.1f} ms; XLA's "
+          f"temporary buffer {mem['temp_bytes'] / 1e6:.0f} MB a call, {mem['faults_per_call']:,.0f} minor "
+          f"page faults a call (allocator: {mem['allocator']})")
 
 
 def bench_train_step(cfg, refresh_every, steps, batch_size, txs=None, rounds=3, summary=min):
@@ -302,7 +343,7 @@ def main(argv=None):
   parser.add_argument("--floor-only", action="store_true", help="only the paper-95m blocks: the update "
                       "against its matmul floor, and the whole step (micro-batch 32 x 512) against AdamW's")
   args = parser.parse_args(argv)
-  print(f"backend: {jax.default_backend()}; refresh_every={args.refresh_every}")
+  print(f"backend: {jax.default_backend()}; refresh_every={args.refresh_every}; allocator: {allocator()}")
   for width in args.widths:
     print(floor_line(floor_report(width, args.refresh_every)))
   for width in args.widths[:1]:
