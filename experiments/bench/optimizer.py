@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import resource
 import time
 
 import jax
@@ -229,7 +228,9 @@ def allocator(maps: str | None = None) -> str:
 def minor_faults_per_call(fn, state, calls: int) -> float:
   """Minor page faults of this process per call of ``fn(*state) -> state`` (``calls`` chained calls
   after one warm-up): pages the kernel hands out fresh, here mostly XLA's temporary buffer when the
-  allocator maps it anew for every call."""
+  allocator maps it anew for every call (Unix: ``resource``)."""
+  import resource
+
   state = jax.block_until_ready(fn(*state))
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   for _ in range(calls):
