@@ -126,7 +126,11 @@ def warm(args, opts: Options):
   return guarded(lambda a: _warm(a, opts), args, opts.second_moments)
 
 
+def rotate_in_stacked(g, ql, qr, precision):
+  """``rotate_in`` of every matrix of a K-stack."""
+  return jax.vmap(lambda g, ql, qr: rotate_in(g, ql, qr, precision))(g, ql, qr)
+
+
 def keep(args, precision):
   """No refresh: the bases and moments as they are, the gradient rotated in (``args`` stacked)."""
-  rot_in = jax.vmap(lambda g, ql, qr: rotate_in(g, ql, qr, precision))
-  return args[1], args[2], args[5], args[6], rot_in(args[0], args[1], args[2])
+  return args[1], args[2], args[5], args[6], rotate_in_stacked(args[0], args[1], args[2], precision)

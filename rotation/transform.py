@@ -348,8 +348,8 @@ def rotate_in_only(items, together: bool, opts: Options) -> list:
   into pieces (and same-shape pieces stacked when ``together``), never the moments."""
   args, owners = _piece_args(items, moments=False)
   stats_of = _statistics_of(opts)
-  rot_in = jax.vmap(lambda g, ql, qr: mx.rotate_in(g, ql, qr, opts.precision))
-  done = batched(lambda a: (stats_of(a[0], a[3], a[4]), rot_in(a[0], a[1], a[2])), args, together)
+  done = batched(lambda a: (stats_of(a[0], a[3], a[4]), mx.rotate_in_stacked(*a[:3], opts.precision)),
+                 args, together)
   results = []
   for n, (plan, pieces, g, firsts, seconds, _, _) in enumerate(items):
     mine, cdt = owned(done, owners, n), compute_dtype(g)

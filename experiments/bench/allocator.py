@@ -32,10 +32,9 @@ from experiments.bench import optimizer as bo
 width, batch, rounds = (int(x) for x in sys.argv[1:4])
 params = bo.block_params(width)
 update = bo.bench_update(params, 10, 10, rounds, bo.pair(10), np.median)
-fns, _ = bo.compiled_steps(params, {"rotation": bo.pair(10)["rotation"]}, lambda p, g: g)
-faults = bo.minor_faults_per_call(*fns["rotation"], 10)
 step = bo.block_step_report(width, 10, batch_size=batch, rounds=rounds)
-print(json.dumps({"allocator": bo.allocator(), "faults": faults, "step": step["seconds"],
+print(json.dumps({"allocator": bo.allocator(), "faults": update["rotation"]["faults_per_call"],
+                  "step": step["seconds"],
                   "update": {name: v["seconds"] for name, v in update.items()}}))
 """
 

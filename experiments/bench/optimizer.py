@@ -104,14 +104,49 @@ def pair(refresh_every) -> dict:
   return {k: v for k, v in optimizers(refresh_every).items() if k in ("adamw", "rotation")}
 
 
+ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+
+
+def allocator(maps: str | None = None) -> str:
+  """The malloc this process runs with, read from its mapped libraries (``maps``: the text of
+  ``/proc/self/maps``, read when not given): one of ``ALLOCATORS`` preloaded in place of the C
+  library's, or ``"libc"``. On the CPU backend XLA takes each call's temporary buffer from it."""
+  if maps is None:
+    try:
+      with open("/proc/self/maps") as f:
+        maps = f.read()
+    except OSError:
+      maps = ""
+  return next((name for name in ALLOCATORS if f"lib{name}" in maps), "libc")
+
+
+def minor_faults_per_call(fn, state, calls: int) -> float:
+  """Minor page faults of this process per call of ``fn(*state) -> state`` (``calls`` chained calls
+  after one warm-up): pages the kernel hands out fresh, here mostly XLA's temporary buffer when the
+  allocator maps it anew for every call (Unix: ``resource``)."""
+  import resource
+
+  state = jax.block_until_ready(fn(*state))
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  for _ in range(calls):
+    state = fn(*state)
+  jax.block_until_ready(state)
+  return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+
+
 def bench_update(params, refresh_every, steps, rounds=3, txs=None, summary=min):
-  """Per-step time of the update alone (averaged over a full refresh period), FLOPs, compile s, for
-  each of ``txs`` (default ``optimizers``)."""
+  """Per-step time of the update alone (averaged over a full refresh period), FLOPs, compile s, XLA's
+  temporary buffer bytes a call and minor page faults a call (over ``steps`` calls after the timing,
+  from a copy of the first state), for each of ``txs`` (default ``optimizers``)."""
   fns, compile_seconds = compiled_steps(params, txs or optimizers(refresh_every), lambda p, g: g)
-  out = {name: {"flops": memory_lib.xla_flops(fn), "compile": compile_seconds[name]}
+  fresh = {name: jax.tree.map(jnp.copy, state) for name, (_, state) in fns.items()}  # timing donates
+  out = {name: {"flops": memory_lib.xla_flops(fn), "compile": compile_seconds[name],
+                "temp_bytes": fn.memory_analysis().temp_size_in_bytes}
          for name, (fn, _) in fns.items()}
   for name, seconds in time_interleaved(fns, steps, rounds, summary).items():
     out[name]["seconds"] = seconds
+  for name, (fn, _) in fns.items():
+    out[name]["faults_per_call"] = minor_faults_per_call(fn, fresh[name], steps)
   return out
 
 
@@ -209,36 +244,6 @@ def block_step_report(width: int, refresh_every: int, batch_size: int = 32, cont
           "ratio": seconds["rotation"] / seconds["adamw"]}
 
 
-ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
-
-
-def allocator(maps: str | None = None) -> str:
-  """The malloc this process runs with, read from its mapped libraries (``maps``: the text of
-  ``/proc/self/maps``, read when not given): one of ``ALLOCATORS`` preloaded in place of the C
-  library's, or ``"libc"``. On the CPU backend XLA takes each call's temporary buffer from it."""
-  if maps is None:
-    try:
-      with open("/proc/self/maps") as f:
-        maps = f.read()
-    except OSError:
-      maps = ""
-  return next((name for name in ALLOCATORS if f"lib{name}" in maps), "libc")
-
-
-def minor_faults_per_call(fn, state, calls: int) -> float:
-  """Minor page faults of this process per call of ``fn(*state) -> state`` (``calls`` chained calls
-  after one warm-up): pages the kernel hands out fresh, here mostly XLA's temporary buffer when the
-  allocator maps it anew for every call (Unix: ``resource``)."""
-  import resource
-
-  state = jax.block_until_ready(fn(*state))
-  before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-  for _ in range(calls):
-    state = fn(*state)
-  jax.block_until_ready(state)
-  return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
-
-
 def floor_report(width: int, refresh_every: int, rounds: int = 5) -> dict:
   """The default rotation's update alone on one paper-95m block at ``width`` against its matmul floor:
   FLOPs per step (``step_flops``), the machine's matmul rate (``matmul_rate`` at the block sides),
@@ -256,10 +261,7 @@ def floor_report(width: int, refresh_every: int, rounds: int = 5) -> dict:
   sides = sorted({d for leaf in jax.tree.leaves(params) if leaf.ndim == 2 for d in leaf.shape if d >= 256})
   rate = matmul_rate([min(d, rotation.DEFAULT_BLOCK_SIZE) for d in sides], rounds=rounds)
   floor = flops["total"] / rate
-  fns, _ = compiled_steps(params, {"rotation": txs["rotation"]}, lambda p, g: g)
-  fn, state = fns["rotation"]
-  memory = {"allocator": allocator(), "temp_bytes": fn.memory_analysis().temp_size_in_bytes,
-            "faults_per_call": minor_faults_per_call(fn, state, refresh_every)}
+  memory = {"allocator": allocator(), **{k: r["rotation"][k] for k in ("temp_bytes", "faults_per_call")}}
   return {"width": width, "flops": flops, "rate": rate, "floor": floor, "seconds": seconds,
           "ratio": seconds["rotation"] / floor, "memory": memory}
 
