@@ -104,14 +104,15 @@ def main(argv=None):
   if min(args.repeat, args.width, args.batch, args.rounds) < 1:
     raise ValueError(f"--repeat, --width, --batch and --rounds must be >= 1, got {args.repeat}, "
                      f"{args.width}, {args.batch} and {args.rounds}")
-  jemalloc = args.jemalloc or find_jemalloc()
   if args.jemalloc and not pathlib.Path(args.jemalloc).exists():
     raise ValueError(f"--jemalloc {args.jemalloc!r} does not exist")
+  jemalloc = args.jemalloc or find_jemalloc()
   if jemalloc is None:
     print("jemalloc not found (apt install libjemalloc2, or --jemalloc PATH): the C library's malloc only")
-  runs = {label: [] for label in settings(jemalloc)}
+  chosen = settings(jemalloc)
+  runs = {label: [] for label in chosen}
   for i in range(args.repeat):
-    for label, changes in settings(jemalloc).items():
+    for label, changes in chosen.items():
       r = measure(changes, args.width, args.batch, args.rounds)
       runs[label].append(r)
       print(f"run {i + 1}, {label} (allocator seen: {r['allocator']}): update adamw "
