@@ -4,11 +4,14 @@ leave-one-seed-out readings, a seed counted on the one CPU type that holds all i
 a blocking factor."""
 
 import json
+import pathlib
 
+import jax
 import numpy as np
 import pytest
 import scipy.stats
 
+from experiments.harness import model as model_lib
 from experiments.report import claims, curves, metrics
 from experiments.studies import long_horizon as lh
 from experiments.studies import lr_grid
@@ -196,3 +199,75 @@ def test_the_report_counts_each_cpus_runs_and_their_recorded_seconds(study, tmp_
   assert (f"- on cpu A: 12 runs published (8 read by the claims), {a_seconds:,.0f} s of recorded "
           f"training, {a_seconds / 3600:.1f} CPU-hours") in report
   assert f"- on cpu B: 8 runs published (8 read by the claims), {b_seconds:,.0f} s" in report
+
+
+def test_final_validation_losses_are_paired_within_each_seed():
+  """The descriptive table: each run's last validation loss, averaged over seeds, and the P = 16
+  differences and degradations taken within a seed, against a hand-written loop."""
+  rng = np.random.default_rng(0)
+  seeds = {}
+  for s in lh.SEEDS:
+    seeds[s] = {}
+    for m in lh.METHODS:
+      for p in (1, lh.TOP):
+        seeds[s][(m, p)] = {"status": "finished", "val_losses": [9.0, float(rng.uniform(1.4, 1.8))]}
+  got = lh.final_validation(seeds)
+  last = lambda s, m, p: seeds[s][(m, p)]["val_losses"][-1]
+  diff = [last(s, "muon", 16) - last(s, "rotation", 16) for s in lh.SEEDS]
+  half = scipy.stats.t.ppf(0.975, 5) * np.std(diff, ddof=1) / np.sqrt(6)
+  assert got["difference"]["muon minus rotation"]["mean"] == pytest.approx(np.mean(diff))
+  assert got["difference"]["muon minus rotation"]["ci95"] == pytest.approx([np.mean(diff) - half,
+                                                                            np.mean(diff) + half])
+  degrade = [last(s, "nesterov", 16) - last(s, "nesterov", 1) for s in lh.SEEDS]
+  assert got["degradation"]["nesterov"]["mean"] == pytest.approx(np.mean(degrade))
+  assert got["loss"]["rotation P=1"]["min"] == min(last(s, "rotation", 1) for s in lh.SEEDS)
+  seeds[8][("muon", 16)]["status"] = "diverged"  # a seed without a number: no mean, as everywhere
+  assert lh.final_validation(seeds)["difference"]["muon minus rotation"] is None
+
+
+def test_the_one_rate_reading_reads_the_p1_runs_at_the_p16_rates(study, monkeypatch):
+  """Every method at its P = 16 rate at both P: the P = 1 runs at those rates are read (Muon's here
+  1.25 times slower than at its P = 1 rate, so its one-rate slowdown is 1.5 / 1.25 and S1 moves)."""
+  monkeypatch.setattr(lr_grid, "BLOCK", 2)  # block means fine enough for 600-step curves
+  slow = {"pipedream": 4.0, "nesterov": 3.0, "rotation": 2.0, "muon": 1.5}
+  runs = []
+  for s in lh.SEEDS:
+    runs += _seed(s, slow, off_rate=False)
+    runs += [_run("muon", 1, RATES["muon"][16], s, 1.25), _run("nesterov", 1, RATES["nesterov"][16], s, 1.0)]
+  summary = study(runs)
+  tuned = {c["claim"]: c["mean"] for c in summary["claims"]}
+  assert tuned[lh.S1] == pytest.approx(1.5 / 2.0, rel=0.05)  # rotation's 3 / 2 against Muon's 3 / 1.5
+  same = summary["one_rate"]
+  assert same["rates"] == {m: RATES[m][16] for m in lh.METHODS}
+  assert same["gain"]["mean"] == pytest.approx(1.5, rel=0.05)
+  assert same["rotation_over_muon"]["mean"] == pytest.approx(1.5 / 2.5, rel=0.05)
+  assert same["rotation_over_muon"]["verdict"] == "refuted"
+  # without those P = 1 runs there is no such reading, and no claim is made of it
+  assert "one_rate" not in study(runs[:-2])
+
+
+def test_the_best_baseline_of_every_confirmatory_seed_is_the_same_by_either_loss():
+  """The protocol's one definition (lowest final smoothed training loss at P = 16, the code's) and
+  amendment 8's first wording (final validation loss) pick the same baseline in every seed of the
+  committed confirmatory runs, so the correction of 2026-12-07 moves no number."""
+  folder = pathlib.Path(__file__).resolve().parents[1] / "docs" / "results" / "long-horizon"
+  summary = json.loads((folder / "summary.json").read_text())
+  rates = lh.chosen_rates(json.loads((folder.parent / "long-horizon-tuning" / "summary.json").read_text()))
+  data = curves.read(folder / "confirmatory-amd-epyc")
+  seeds, _ = lh.by_seed(data["runs"], rates)
+  assert sorted(seeds) == list(lh.SEEDS)
+  window = data["meta"]["window"]
+  for s, runs in seeds.items():
+    by_val = min(("pipedream", "nesterov"), key=lambda b: runs[(b, 16)]["val_losses"][-1])
+    by_train = min(("pipedream", "nesterov"),
+                   key=lambda b: metrics.final_smoothed(np.asarray(runs[(b, 16)]["losses"]), window))
+    assert by_val == by_train == summary["seeds"][str(s)]["best_baseline"], s
+
+
+def test_the_regime_counts_the_models_parameters_and_the_passes_over_the_corpus():
+  config = {"model": "cpu-deep", "batch_size": 16, "context": None, "steps": 1000}
+  got = lh.regime({"setting": ["data: `x`, 100000 tokens, vocabulary 256"]}, config)
+  _, params = model_lib.init(model_lib.CONFIGS["cpu-deep"])
+  assert got == {"parameters": sum(x.size for x in jax.tree.leaves(params)), "tokens_per_step": 16 * 32,
+                 "training_tokens": 90000, "passes": round(1000 * 512 / 90000, 2)}
+  assert lh.regime({"setting": []}, config) is None

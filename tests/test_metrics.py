@@ -53,6 +53,19 @@ def test_study_table_on_synthetic_curves():
     assert rows[("broken", 4)][field] is None
 
 
+def test_the_best_baseline_is_the_lowest_final_smoothed_training_loss():
+  """docs/protocol.md's one definition: the lowest final *smoothed* loss at the largest P, not the
+  lowest last value (here "a" ends on a dip below "b" but its smoothed end is higher)."""
+  a = np.full(50, 2.0)
+  a[-1] = 1.5
+  b = np.full(50, 1.85)
+  curves = {("a", 1): a - 0.5, ("a", 4): a, ("b", 1): b - 0.5, ("b", 4): b}
+  assert metrics.final_smoothed(a, 5) == pytest.approx(1.9) and a[-1] < b[-1]
+  rows = metrics.study_table(curves, ["a", "b"], 5)
+  assert {r["best_baseline"] for r in rows if r["stages"] == 4} == {"b"}
+  assert rows[0]["target"] == pytest.approx(1.35)  # P = 1: "b" too (1.35 against 1.4)
+
+
 def test_a_run_that_diverges_after_the_target_is_never_credited():
   steps = np.arange(1, 201, dtype=float)
   good = 1.0 + 4.0 / (1 + 0.1 * steps)

@@ -193,7 +193,7 @@ def study_table(curves: dict, baselines: Sequence[str], window: int,
   finals = {k: final_smoothed(v, window) for k, v in curves.items()}
   at = lambda curve, t: iterations_to(curve, t, window)
 
-  def best_at(p):  # (target, best baseline): the lowest final smoothed loss among the baselines
+  def best_at(p):  # (target, best baseline): docs/protocol.md's lowest final smoothed training loss
     cands = [(finals[(b, p)], b) for b in baselines if np.isfinite(finals.get((b, p), np.nan))]
     return min(cands) if cands else (None, None)
 

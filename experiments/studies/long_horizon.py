@@ -29,8 +29,12 @@ import argparse
 import json
 import math
 import pathlib
+import re
+
+import numpy as np
 
 from experiments import cli
+from experiments.harness import model as model_lib
 from experiments.harness.methods import BASELINES
 from experiments.report import claims, curves, metrics
 from experiments.report.tables import curve_of
@@ -43,6 +47,7 @@ PRIMARY = "rotation's staleness gain over the best baseline (P = 16, T = 38,400)
 S1 = "rotation's gain over Muon's gain over the same baseline (is the trend rotation's?)"
 S2 = "Muon's staleness gain over the best baseline (the control)"
 SCALE = {"reported": 1.0, "half": 0.5, "double": 2.0}
+DIFFERENCES = (("muon", "rotation"), ("rotation", "nesterov"), ("rotation", "pipedream"))
 
 
 def chosen_rates(summary: dict) -> dict:
@@ -130,6 +135,94 @@ def study(runs, rates: dict, window: int) -> dict:
   return {"seeds": rows, "left_out": left, "claims": out, "decided": decided, "used": seeds}
 
 
+def final_validation(seeds: dict) -> dict:
+  """Descriptive, not an endpoint of amendment 8 (docs/protocol.md says so): each run's last
+  validation loss (step T), per seed, as ``{"loss": {"METHOD P=p": interval}, "degradation":
+  {method: interval of P = 16 minus P = 1}, "difference": {"A minus B": interval at P = 16}}``, each
+  ``metrics.interval`` (mean, range, Student's t 95% interval) over the seeds, paired within a seed."""
+  last = lambda run: run["val_losses"][-1] if run["val_losses"] and run["status"] == "finished" else None
+  val = {s: {k: last(r) for k, r in runs_.items()} for s, runs_ in seeds.items()}
+  over = lambda f: metrics.interval([f(v) if all(x is not None for x in v.values()) else None
+                                     for v in val.values()])
+  return {"loss": {f"{m} P={p}": over(lambda v, k=(m, p): v[k]) for m in METHODS for p in (1, TOP)},
+          "degradation": {m: over(lambda v, m=m: v[(m, TOP)] - v[(m, 1)]) for m in METHODS},
+          "difference": {f"{a} minus {b}": over(lambda v, a=a, b=b: v[(a, TOP)] - v[(b, TOP)])
+                         for a, b in DIFFERENCES}}
+
+
+def regime(meta: dict, config: dict) -> dict | None:
+  """What was trained, for the answer's first sentence: the model's parameters, tokens a step, the
+  training split's tokens (the corpus's, as its ``setting`` line records them, less the 10%
+  validation split) and how many times the horizon passes over them."""
+  found = re.search(r"(\d+) tokens", " ".join(meta.get("setting", [])))
+  if not found or config.get("model") not in model_lib.CONFIGS:
+    return None  # runs that record no corpus size or no named model: nothing to say
+  total = int(found.group(1))
+  train = total - int(total * 0.1)  # data._split's validation fraction
+  cfg = model_lib.CONFIGS[config["model"]]
+  per_step = config["batch_size"] * (config["context"] or cfg.context)
+  return {"parameters": model_lib.count_params(model_lib.abstract_params(cfg)), "tokens_per_step": per_step,
+          "training_tokens": train, "passes": round(config["steps"] * per_step / train, 2)}
+
+
+def _block_curve(run: dict) -> dict:
+  """``run`` with its training loss as ``lr_grid.BLOCK``-step block means repeated back per step (how
+  a run the verdicts do not read is published), so that four curves compare at one resolution."""
+  if "loss_every" in run:
+    run = {**run, "losses": np.repeat(run["losses"], run["loss_every"])[:run["num_losses"]].tolist()}
+  c = curves.compact(run, lr_grid.BLOCK)
+  return {**c, "losses": np.repeat(c["losses"], lr_grid.BLOCK)[:c["num_losses"]].tolist()}
+
+
+def one_rate(runs, rates: dict, window: int) -> dict | None:
+  """A sensitivity reading, not a verdict of amendment 8: the primary and S1 with every method at
+  its P = 16 rate at both P (the P = 1 runs a sweep at that rate trained beside P = 16), every curve
+  at ``lr_grid.BLOCK``-step block means; ``None`` unless every seed holds those runs. Each claim is a
+  family of one at 95%."""
+  same = {(m, p): rates[(m, TOP)] for m, p in rates}
+  seeds, _ = by_seed(runs, same)
+  if set(seeds) != set(SEEDS):
+    return None
+  rows = [per_seed({k: _block_curve(r) for k, r in s.items()}, window) for s in seeds.values()]
+  out = {"rates": {m: same[(m, TOP)] for m in METHODS}, "block": lr_grid.BLOCK}
+  for name, field in ((PRIMARY, "gain"), (S1, "rotation_over_muon")):
+    out[field] = claims.check(name, "> 1", [r[field] for r in rows], 1.0, log=True).summary()
+  return out
+
+
+def _interval_text(iv: dict | None, spec="{:+.3f}") -> str:
+  if iv is None:
+    return "-"
+  lo, hi = iv["ci95"]
+  return (f"{spec.format(iv['mean'])} [{spec.format(iv['min'])}, {spec.format(iv['max'])}], "
+          f"95% CI {spec.format(lo)} to {spec.format(hi)}")
+
+
+def descriptive_lines(finals: dict, same: dict | None) -> list:
+  """The report's descriptive sections: final validation losses and the one-rate reading."""
+  lines = ["", "## Final validation loss at T = 38,400 (descriptive; not an endpoint of amendment 8)", "",
+           "Each (method, P) at its tuned rate; mean [min, max] over the seeds and Student's t 95% interval; "
+           "differences paired within a seed.", "",
+           "| method | P = 1 | P = 16 | P = 16 minus P = 1 |", "|---|---|---|---|"]
+  for m in METHODS:
+    lines.append(f"| {m} | {_interval_text(finals['loss'][f'{m} P=1'], '{:.4f}')} | "
+                 f"{_interval_text(finals['loss'][f'{m} P={TOP}'], '{:.4f}')} | "
+                 f"{_interval_text(finals['degradation'][m])} |")
+  gaps = finals["difference"].items()
+  lines += ["", "At P = 16: " + "; ".join(f"{k}, {_interval_text(v)}" for k, v in gaps)
+            + "."]
+  if same:
+    lines += ["", "## The rate pairing (a sensitivity reading; not a verdict of amendment 8)", "",
+              "The staleness gain divides iteration counts of a method's P = 1 and P = 16 runs, each at its "
+              "own rate, so it moves with the pairing of the two rates. With every method at its P = 16 rate "
+              "at both P (" + ", ".join(f"{m} {r:g}" for m, r in same["rates"].items())
+              + f"), every curve at {same['block']}-step block means, each claim a family of one at 95%:", ""]
+    for field in ("gain", "rotation_over_muon"):
+      c = same[field]
+      lines.append(f"- {c['claim']}: {c['evidence']}; **{c['verdict']}**")
+  return lines
+
+
 def _num(x, spec="{:.2f}") -> str:
   return "-" if x is None else spec.format(x)
 
@@ -148,7 +241,8 @@ def compute(runs, rates: dict) -> dict:
   return out
 
 
-def report(result: dict, rates: dict, command: str, hosts, cost: dict) -> str:
+def report(result: dict, rates: dict, command: str, hosts, cost: dict, finals=None, same=None,
+           trained=None) -> str:
   lines = ["# The long horizon, confirmatory (protocol amendment 8)", "", f"- made by `{command}`",
            "- runs from " + ("one CPU: " if len(hosts) <= 1 else "**more than one CPU** (a blocking "
                              "factor of every test): ") + curves.hosts_text(hosts),
@@ -156,6 +250,9 @@ def report(result: dict, rates: dict, command: str, hosts, cost: dict) -> str:
              f"{c['seconds']:,.0f} s of recorded training, {c['seconds'] / 3600:.1f} CPU-hours at one core "
              "a run (a lower bound: steps an interrupted process trained after its last checkpoint are not "
              "counted)" for cpu, c in cost.items()),
+           *([f"- the model: {trained['parameters']:,} parameters, {trained['tokens_per_step']} tokens a "
+              f"step, {trained['passes']} passes over the {trained['training_tokens']:,} training tokens"]
+             if trained else []),
            f"- T = {STEPS}, P = 1 and {TOP}, 1F1B with weight stashing; the confirmatory seeds "
            f"{SEEDS[0]}-{SEEDS[-1]}; every (method, P) at its tuned rate: "
            + ", ".join(f"{m} {rates[(m, 1)]:g} / {rates[(m, TOP)]:g}" for m in METHODS) + " (P = 1 / 16)",
@@ -181,6 +278,8 @@ def report(result: dict, rates: dict, command: str, hosts, cost: dict) -> str:
     lines.append(f"| {s} | {r['cpu']} | {r['best_baseline']} | "
                  + ", ".join(_num(r["slowdown"][m]) for m in METHODS)
                  + f" | {_num(r['gain'])} | {_num(r['muon_gain'])} | {_num(r['rotation_over_muon'])} |")
+  if finals is not None:
+    lines += descriptive_lines(finals, same)
   return "\n".join(lines + [""])
 
 
@@ -209,12 +308,20 @@ def main(argv=None) -> dict:
   command = (f"python -m experiments.studies.long_horizon {' '.join(map(str, folders))} "
              f"--rates {args.rates} --out {out}")
   hosts = curves.hosts_of([r for m in merged.values() for r in m["runs"]])
-  cost = compute([r for m in merged.values() for r in m["runs"]], rates)
-  (out / "report.md").write_text(report(result, rates, command, hosts, cost))
+  everything = [r for m in merged.values() for r in m["runs"]]
+  cost = compute(everything, rates)
+  finals = final_validation(result["used"]) if result["decided"] else None
+  same = one_rate(everything, rates, window) if result["decided"] else None
+  first = next(iter(result["used"].values()), {})
+  meta = next(iter(merged.values()))["meta"]
+  trained = regime(meta, next(iter(first.values()))["config"]) if first else None
+  (out / "report.md").write_text(report(result, rates, command, hosts, cost, finals, same, trained))
   summary = {"command": command, "hosts": hosts, "compute": cost,
              "rates": {f"{m} P={p}": r for (m, p), r in rates.items()},
              "seeds": {str(s): r for s, r in result["seeds"].items()},
-             "left_out": {str(s): w for s, w in result["left_out"].items()}, "claims": result["claims"]}
+             "left_out": {str(s): w for s, w in result["left_out"].items()}, "claims": result["claims"],
+             **({"final_validation": finals} if finals else {}), **({"one_rate": same} if same else {}),
+             **({"regime": trained} if trained else {})}
   summary = write_summary(out, summary)
   print(f"wrote {out}/report.md: " + ("; ".join(f"{c['claim']}: {c['verdict']}" for c in result["claims"])
                                       or f"interim, {len(result['seeds'])} of {len(SEEDS)} seeds counted; "
