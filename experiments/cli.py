@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
@@ -51,13 +52,22 @@ def exit_process(code: int) -> None:
   sys.exit(code)
 
 
+class Parser(argparse.ArgumentParser):
+  """An ``argparse`` parser whose bad command line (an unknown flag, a missing value) is one line,
+  the error first and a pointer to ``--help`` (a ``ValueError``, which ``run`` prints with status
+  2), not the usage text before it."""
+
+  def __init__(self, **kwargs):
+    super().__init__(formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+
+  def error(self, message):
+    raise ValueError(f"{message} (`{self.prog} --help` lists the flags)")
+
+
 def study_parser(name: str, doc: str | None, writes: str):
   """The parser of ``python -m experiments.studies.<name> SOURCE [SOURCE ...] --out DIR``: folders
   holding ``curves.json.xz`` in, ``writes`` (what goes into ``--out``) out."""
-  import argparse
-
-  parser = argparse.ArgumentParser(prog=f"python -m experiments.studies.{name}", description=doc,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = Parser(prog=f"python -m experiments.studies.{name}", description=doc)
   parser.add_argument("sources", nargs="+", help="folders holding curves.json.xz")
   parser.add_argument("--link", nargs="+", default=[], help="published study folders: a run one of "
                       "them holds is stored in --out's curves.json.xz as a link to it, not copied "

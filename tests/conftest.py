@@ -34,6 +34,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
+from quiet_shutdown import pytest_sessionfinish  # noqa: E402, F401 - a hook, by its name
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -75,12 +75,23 @@ def test_ci_runs_the_readme_test_command():
   assert test_cmd.split("&& ", 1)[1] in ci  # the same install and pytest invocation
 
 
-def _readme_modules():
-  # docs/results/ records each study's command as it ran at its commit (which the report names)
-  text = README + "".join(p.read_text() for p in DOCS if "results" not in p.relative_to(ROOT).parts)
-  found = re.findall(r"python -m ([a-z_]+(?:\.[a-z_]+)*)(?![.\w<])", text)  # not experiments.<tool>
+def _modules_in(text: str) -> list:
+  name = r"[a-z_][a-z_0-9]*"
+  found = re.findall(rf"python -m ({name}(?:\.{name})*)(?![.\w<])", text)  # not experiments.<tool>
   ours = ("experiments", "autodiff_demos", "rotation", "pipeline_sim")
   return sorted({m for m in found if m.split(".")[0] in ours})
+
+
+def _readme_modules():
+  # docs/results/ records each study's command as it ran at its commit (which the report names)
+  docs = [p.read_text() for p in DOCS if "results" not in p.relative_to(ROOT).parts]
+  return _modules_in(README + "".join(docs))
+
+
+def _report_modules():
+  """The modules docs/results' reports cite (a moved module is named as it is now:
+  ``experiments.report.curves.MOVED``)."""
+  return _modules_in("".join(p.read_text() for p in (ROOT / "docs" / "results").glob("*/report.md")))
 
 
 def test_readme_modules_exist():
@@ -92,8 +103,15 @@ def test_readme_modules_exist():
     assert path.exists() or package.exists(), module
 
 
+def test_the_reports_cite_modules_that_exist():
+  modules = _report_modules()
+  assert {"experiments.sweep", "experiments.studies.regime", "experiments.studies.misalignment"} <= set(
+      modules)
+  assert "experiments.regime" not in modules and "experiments.misalignment" not in modules
+
+
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # runpy on an imported module
-@pytest.mark.parametrize("module", _readme_modules())
+@pytest.mark.parametrize("module", sorted(set(_readme_modules()) | set(_report_modules())))
 def test_readme_modules_answer_help(module, monkeypatch, capsys):
   """``python -m <module> --help`` prints its usage and exits 0 (argparse formats every help
   string with ``%``: a stray percent sign in one breaks the whole page)."""
@@ -347,3 +365,20 @@ print(json.dumps({"spec": str(state[0].bases["embed"][0].left.sharding.spec),
   got = forced_devices(code, 8)
   assert re.fullmatch(r"(PartitionSpec|P)\('fsdp'(, None)*,?\)", got["spec"]), got
   assert got["fraction"] <= 1.25 / 8 and got["finite"], got
+
+
+@pytest.mark.parametrize("index", range(len(RECIPES)))
+def test_each_recipe_runs_as_pasted_in_a_fresh_python(index):
+  """As a user pastes it: a fresh interpreter, no XLA_FLAGS of the suite's; the sharded recipe gives
+  itself 8 CPU devices and prints the spec its comment promises."""
+  import os
+  import subprocess
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+  proc = subprocess.run([sys.executable, "-c", RECIPES[index]], cwd=ROOT.parent, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  promised = re.findall(r"print\(.*\)  # (.*)", RECIPES[index])
+  if "fsdp" in RECIPES[index]:
+    assert promised == ["P('fsdp', None, None): K = 8 blocks over \"fsdp\""]
+    spec = proc.stdout.strip().splitlines()[-1]
+    assert spec in ("P('fsdp', None, None)", "PartitionSpec('fsdp', None, None)"), spec

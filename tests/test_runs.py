@@ -337,3 +337,20 @@ def test_a_run_out_of_device_memory_ends_in_one_line_naming_it(tmp_path, corpus,
   config = dataclasses.replace(CONFIG, remat="nothing_saveable", loss_chunk=64)
   assert memory_options(config).startswith("a smaller --batch-size")
   assert isinstance(e.value, ValueError)  # the sweep's cli prints a ValueError as one line (exit 2)
+
+
+def test_a_run_checkpoints_every_tenth_and_drops_its_checkpoints_when_asked(tmp_path, corpus, trained):
+  """Checkpoints come at least every tenth of the run (whole chunks), whatever ``checkpoint_every``
+  says, so an interruption loses at most about a tenth; a finished run keeps them only when asked."""
+  assert runs.save_every(dataclasses.replace(CONFIG, steps=2400, chunk=100, checkpoint_every=1200)) == 200
+  assert runs.save_every(dataclasses.replace(CONFIG, steps=2400, chunk=100, checkpoint_every=100)) == 100
+  assert runs.save_every(dataclasses.replace(CONFIG, steps=40, chunk=10, checkpoint_every=20)) == 10
+  sparse = dataclasses.replace(CONFIG, steps=100, checkpoint_every=100)  # a tenth: 10 steps
+  run_dir = tmp_path / "run"
+  with pytest.raises(_Stop):
+    runs.train(sparse, corpus, run_dir, progress=_StopAt(50))  # stopped before step 50 is saved
+  bar = _StopAt(10**9)
+  done = runs.train(sparse, corpus, run_dir, progress=bar, keep_checkpoints=False)
+  assert bar.first == 40 and done["status"] == "finished"
+  assert not (run_dir / "checkpoints").exists() and (run_dir / "result.json").exists()
+  assert (trained[0] / "checkpoints").is_dir()  # the default keeps them (its trained state)

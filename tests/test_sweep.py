@@ -353,25 +353,46 @@ def test_progress_shows_the_whole_name_and_a_resumption(tmp_path, monkeypatch):
   bar = Recorder(stop_at=10**9)
   runs.train(spec, ds, run_dir, progress=bar)
   assert bar.postfixes[0] == {"resumed at": 10} and all(p["resumed at"] == 10 for p in bar.postfixes)
-  descriptions = []
+  lines = []
+  monkeypatch.setattr(workers.tqdm, "write", lambda text, *args, **kwargs: lines.append(text))
+  overall = workers.overall_bar(1)
+  workers.run_one(spec, ds, tmp_path / "out", overall)  # the finished run above: nothing trains
+  assert lines == [f"[1/1] {spec.name}: " + lines[0].split(": ", 1)[1]] and "(cached)" in lines[0]
+  assert len(spec.name) > 48  # the whole name, not cut
+  assert overall.n == 1 and overall.initial == 1  # counted, and left out of the rate (the time left)
 
-  class Bar(Recorder):  # sweep's tqdm: records the description it is given
-    def __init__(self, total=None, desc="", **kwargs):
-      super().__init__(10**9)
-      descriptions.append(desc)
-      self.total = total
 
-    write = staticmethod(print)
+def test_a_runs_plain_progress_says_where_it_starts_resumes_and_each_tenth(monkeypatch):
+  """Output that is not a terminal (a log file) gets plain lines, not bars: a fresh run's start, a
+  resumed run's step, each tenth of the run; no line for the last step (the sweep writes the end)."""
+  lines = []
+  monkeypatch.setattr(workers.tqdm, "write", lambda text, *args, **kwargs: lines.append(text))
+  monkeypatch.setattr(workers, "on_terminal", lambda: False)
 
-    def __enter__(self):
-      return self
+  def train(bar, start):  # what runs.train does with its progress (runs._progress_start, each chunk)
+    bar.reset(total=100)
+    bar.update(start)
+    if start:
+      bar.set_postfix({"resumed at": start}, refresh=True)
+    for _ in range(start, 100, 10):
+      bar.set_postfix({"resumed at": start, "loss": "1.500"} if start else {"loss": "1.500"})
+      bar.update(10)
 
-    def __exit__(self, *exc):
-      return False
-
-  monkeypatch.setattr(workers, "tqdm", Bar)
-  workers.run_one(spec, ds, tmp_path / "out", Bar(total=1))  # the finished run above: nothing trains
-  assert len(spec.name) > 48 and spec.name in descriptions  # not cut
+  train(workers.RunBar("fresh", 100), 0)
+  tenths = [f"  fresh: step {n}/100, loss 1.500" for n in range(10, 100, 10)]
+  assert lines == ["  fresh: starts (100 steps)"] + tenths
+  lines.clear()
+  train(workers.RunBar("again", 100), 40)
+  assert lines == ["  again: resumes from step 40 of 100 (its last checkpoint)"] + [
+      f"  again: step {n}/100, loss 1.500" for n in range(50, 100, 10)]
+  lines.clear()
+  with workers.RunBar("long", 1000) as bar:  # a tenth is 100 steps: chunks of 30 print at most once each
+    bar.reset(total=1000)
+    bar.update(0)
+    for _ in range(33):
+      bar.update(30)
+  crossed = (120, 210, 300, 420, 510, 600, 720, 810, 900)
+  assert [line.split("step ")[1] for line in lines[1:]] == [f"{n}/1000" for n in crossed]
 
 
 def test_ctrl_c_during_compilation_exits_cleanly(tmp_path):
@@ -454,6 +475,68 @@ def test_sigterm_stops_the_sweep_and_its_workers(tmp_path):
   while alive() and time.time() < deadline:
     time.sleep(0.5)
   assert not alive(), f"workers {alive()} still run"
+
+
+WORKER_STARTING = """
+import signal, threading
+from experiments.sweep import workers
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a sweep started from a terminal
+signal.pthread_sigmask(signal.SIG_BLOCK, workers.HELD)  # what a worker inherits while it starts
+# a Ctrl-C that arrives then, held until the worker runs (sent to this thread: the process's other
+# threads, started by imports, do not block it here as a real worker's do)
+signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+class Queue:
+  def put(self, message):
+    print("put", message[0], flush=True)
+
+
+workers._worker(Queue(), 0, None, None, None, 1, {"not-a-source-file": "x"}, False)
+print("returned", flush=True)
+"""
+
+
+def test_a_ctrl_c_while_a_worker_starts_is_dropped_not_raised():
+  """The race of a Ctrl-C during a worker's start: the sweep (which terminates its workers) handles
+  it; the worker drops it, runs on to report by run (here: refusing other code), no traceback."""
+  import subprocess
+  import sys
+
+  proc = subprocess.run([sys.executable, "-c", WORKER_STARTING], cwd=pathlib.Path(sweep.__file__).parents[2],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stdout.split() == ["put", "error", "returned"]
+
+
+def test_ctrl_c_to_the_whole_process_group_mid_run_is_one_line(tmp_path):
+  """A terminal's Ctrl-C reaches the sweep and every worker at once: exit 130, the one line, no
+  traceback from any process, no worker left."""
+  import os
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (see above)
+  try:
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", "--preset", "smoke", "--methods",
+                             "pipedream", "rotation", "--stages", "4", "--jobs", "2", "--out",
+                             str(tmp_path / "g")], cwd=pathlib.Path(sweep.__file__).parents[2],
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  deadline, workers_ = time.time() + 120, []
+  while len(workers_) < 2 and time.time() < deadline:
+    time.sleep(0.5)
+    workers_ = [c for c in _children(proc.pid)
+                if b"spawn_main" in pathlib.Path(f"/proc/{c}/cmdline").read_bytes()]
+  time.sleep(3.0)  # the workers import and compile: mid-run
+  os.killpg(proc.pid, signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err[-2000:]
+  assert "interrupted; run the same command again to resume" in err and "Traceback" not in err, err[-3000:]
 
 
 def test_warmup_in_delays_and_b2_reach_every_run():

@@ -89,6 +89,10 @@ class _Checkpoints:
                                          options=ocp.CheckpointManagerOptions(max_to_keep=2),
                                          item_handlers=ocp.StandardCheckpointHandler())
 
+  def close(self) -> None:
+    """Ends the manager's background work (before its folder is deleted)."""
+    self.manager.close()
+
   def save(self, step, state, losses, val_losses):
     packed = pack(state)
     item = {"state": state} if packed is None else {"packed": packed}

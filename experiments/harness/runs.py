@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import time
 import warnings
 
@@ -269,8 +270,17 @@ def _flush(pipe, state, rec: _Record):
   return state, rec.steps(done, tail_losses, tail_norms, 0.0, val_loss)
 
 
+def save_every(config: RunConfig) -> int:
+  """Steps between checkpoints: ``checkpoint_every``, or a tenth of the run if that is fewer
+  (rounded down to whole chunks), so that an interruption loses at most about a tenth of a run.
+  Where a run saves does not change its numbers (a resumed run equals an uninterrupted one), so
+  this is not part of its identity."""
+  tenth = max(config.chunk, config.steps // 10 // config.chunk * config.chunk)
+  return min(config.checkpoint_every, tenth)
+
+
 def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
-          jobs: int = 1) -> dict:
+          jobs: int = 1, keep_checkpoints: bool = True) -> dict:
   """Trains (or resumes, or just loads) one run; returns its result dict.
 
   Every micro-batch is sharded along a ``data`` mesh axis over ``devices`` (default: every local
@@ -279,7 +289,9 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
   ``run_dir`` is the run's folder (created; see ``run_name``); ``progress`` an optional ``tqdm``-like
   bar advanced by steps; ``devices`` the data mesh's (default ``jax.devices()``; the device pipeline
   uses the local ones); ``jobs`` the runs trained at once on this host (a sweep's ``--jobs``),
-  recorded in the result: above 1, its seconds include the others' load.
+  recorded in the result: above 1, its seconds include the others' load. ``keep_checkpoints``:
+  whether a finished run keeps its checkpoints (its trained state, for ``restore_state``); without,
+  they are deleted once its result is written.
   """
   run_dir = pathlib.Path(run_dir)
   config.validate()
@@ -337,16 +349,19 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
     if not finite:
       status = "diverged"
       break
-    if step % config.checkpoint_every == 0 and step < config.steps:
+    if step % save_every(config) == 0 and step < config.steps:
       rec.save(ckpt, step, state)
       write_json(run_dir / "timing.json", rec.timing)
   if status == "finished":
     state, finite = _flush(pipe, state, rec)
     status = "finished" if finite else "diverged"
-  if status == "finished":
+  if status == "finished" and keep_checkpoints:
     rec.save(ckpt, step, state)  # the trained state, for diagnostics
   result = rec.result(run_dir, ident, status, step, pipe, state, ds, mesh, jobs)
   write_json(run_dir / "result.json", result)
+  if not keep_checkpoints and is_primary():
+    ckpt.close()
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
   return result
 
 

@@ -29,6 +29,7 @@ from experiments.report import ablations as ablations_lib
 from experiments.report import claims as claims_lib
 from experiments.report import curves as curves_lib
 from experiments.report import metrics, sections
+from experiments.report import published as published_lib
 from experiments.report import summary as summary_lib
 from experiments.report.tables import curves_by, final_loss
 
@@ -51,13 +52,15 @@ def write_csv(path: pathlib.Path, runs, window: int) -> None:
                   f"{r['seconds']:.2f}", f"{sps:.1f}" if sps else ""])
 
 
-def choose_rates(main: list, tuned: list) -> tuple[list, list, dict]:
+def choose_rates(main: list, tuned: list, intervals: bool = True) -> tuple[list, list, dict]:
   """The main reading and the second one, and the evidence for the choice.
 
   The main reading runs every method at the shared rate, unless a method's own tuned rate beats it
   by more than the seed noise: the per-seed difference of final validation loss at P = 1 (shared
   minus tuned) has a 95% interval above zero. Returns ``(main reading, tuned reading, {method:
-  {"shared", "tuned", "difference": interval or per-seed values, "verdict", "main"}})``."""
+  {"shared", "tuned", "difference": interval or per-seed values, "verdict", "main"}})``. Without
+  ``intervals`` (fewer seeds than a verdict needs) the shared rate stays the main reading and the
+  difference is given per seed."""
   choice = {}
   by_method = {}
   for r in tuned:
@@ -69,6 +72,8 @@ def choose_rates(main: list, tuned: list) -> tuple[list, list, dict]:
     seeds = sorted(set(shared) & set(own))
     diffs = [None if shared[s] is None or own[s] is None else shared[s] - own[s] for s in seeds]
     verdict, iv, why = claims_lib.judge(diffs, 0.0)
+    if not intervals:
+      verdict, iv, why = "inconclusive", None, "too few seeds for a verdict"
     choice[method] = {"shared": sorted({r["config"]["lr"] for r in main if r["config"]["method"] == method}),
                       "tuned": sorted({r["config"]["lr"] for r in runs}), "seeds": seeds,
                       "difference": claims_lib.describe(diffs, iv, "{:+.4f}"),
@@ -150,10 +155,27 @@ def report_claims(main, second, choice, groups, window: int) -> list:
   return out + ablations_lib.ablation_claims(groups, window, curves_by(main) if main else {})
 
 
-def build(source, out=None, methods=None, command: str | None = None, figures: bool = True) -> dict:
+def checked_claims(runs: list, window: int, intervals: bool = True) -> tuple[list, tuple]:
+  """The claims of a study's runs under the protocol (Holm, the window rule), and ``(main reading,
+  second reading, rate choice, ablation groups)`` they were drawn from."""
+  main, second, choice = choose_rates([r for r in runs if r["group"] == "main"],
+                                      [r for r in runs if r["group"] == TUNED], intervals)
+  groups = {}
+  for r in runs:
+    if r["group"] not in ("main", TUNED):
+      groups.setdefault(r["group"], []).append(r)
+  windows = {"reported": window, "half": max(1, window // 2), "double": 2 * window}
+  claims = claims_lib.protocol(lambda label: report_claims(main, second, choice, groups, windows[label]))
+  return claims, (main, second, choice, groups)
+
+
+def build(source, out=None, methods=None, command: str | None = None, figures: bool = True,
+          published=None) -> dict:
   """Writes report.md, results.csv, summary.json and (unless ``figures`` is false) the figures of
   the study in ``source`` (a folder holding ``curves.json.xz``, or the file) into ``out`` (default:
-  its folder); returns the summary."""
+  its folder); returns the summary. ``published``: the folder of the published study of the same
+  preset, whose runs of the same names the report compares with; with fewer seeds than it holds,
+  the report draws no verdict and prints no t interval (``experiments.report.published``)."""
   data = curves_lib.read(source)
   source = pathlib.Path(source)
   out = pathlib.Path(out) if out is not None else (source if source.is_dir() else source.parent)
@@ -168,41 +190,49 @@ def build(source, out=None, methods=None, command: str | None = None, figures: b
   command = command or f"python -m experiments.report {source}"
   window = meta["window"]
   write_csv(out / "results.csv", runs, window)
-  main, second, choice = choose_rates([r for r in runs if r["group"] == "main"],
-                                      [r for r in runs if r["group"] == TUNED])
+  theirs = curves_lib.read(published) if published is not None else None
+  needed = len(published_lib.seeds_of(theirs["runs"])) if theirs else None
+  seeds = published_lib.seeds_of(runs)
+  decided = needed is None or len(seeds) >= needed
+  claims, (main, second, choice, groups) = checked_claims(runs, window, decided)
   scratch = None if figures else tempfile.TemporaryDirectory()  # where the figures go unpublished
-  ctx = sections.Context(out if figures else pathlib.Path(scratch.name), window, main, [])
+  ctx = sections.Context(out if figures else pathlib.Path(scratch.name), window, main, [], decided)
   lines = header(meta, runs, command) + rates_section(choice)
   tables = []
   if main:
     section, tables = sections.main_section(ctx, main)
     lines += section
   lines += sections.diagnostics_section(ctx, runs)
-  groups = {}
-  for r in runs:
-    if r["group"] not in ("main", TUNED):
-      groups.setdefault(r["group"], []).append(r)
   for name, results in groups.items():
     ablation = ablations_lib.check_ablation(name)
     lines += [f"## Ablation: {name}", "", ablation.description, ""]
     lines += ablation.section(ctx, name, results)
-  windows = {"reported": window, "half": max(1, window // 2), "double": 2 * window}
-  claims = claims_lib.protocol(lambda label: report_claims(main, second, choice, groups,
-                                                           windows[label]))
   plumbing = bool(meta.get("plumbing"))
-  lines += claims_lib.section(claims, plumbing)
+  if decided:
+    lines += claims_lib.section(claims, plumbing)
+  compared = {}
+  if theirs is not None:
+    compared["runs"] = published_lib.compare_runs(runs, window, theirs["runs"], theirs["meta"]["window"])
+    lines += published_lib.runs_section(compared["runs"], published, theirs["meta"]["command"],
+                                        published_lib.seeds_of(theirs["runs"]))
+    if not plumbing:
+      their_claims, _ = checked_claims(theirs["runs"], theirs["meta"]["window"])
+      compared["claims"] = published_lib.compare_claims(claims, their_claims)
+      lines += published_lib.claims_section(compared["claims"], seeds, None if decided else needed)
   if figures:
     lines += ["## Figures", ""] + [f"![{f}]({f})" for f in ctx.figures] + [""]
   else:
     scratch.cleanup()
     lines += ["No figures are published with this study (docs/results' size); `python -m "
               f"experiments.report {source} --out DIR` draws them from the same curves.", ""]
-  (out / "report.md").write_text("\n".join(lines))
+  (out / "report.md").write_text(curves_lib.current_commands("\n".join(lines)))
   summary = {"command": meta["command"], "rebuilt_by": command,
              "commit": (meta.get("code") or {}).get("commit"),
              "hosts": curves_lib.hosts_of(runs), "headline": headline(tables),
-             "claims": [] if plumbing else [c.summary() for c in claims],
-             "readings": choice, "plumbing": plumbing}
+             "claims": [] if plumbing or not decided else [c.summary() for c in claims],
+             "readings": choice, "plumbing": plumbing,
+             **({"published": {"folder": str(published), "seeds_needed": needed, **compared}}
+                if theirs is not None else {})}
   return summary_lib.write(out / "summary.json", summary)
 
 

@@ -30,6 +30,7 @@ import lzma
 import math
 import os
 import pathlib
+import re
 
 import numpy as np
 
@@ -42,6 +43,19 @@ MAX_POINTS = 2400
 _SCALE = 10**LOSS_DECIMALS
 _MISSING = np.iinfo(np.int32).min  # a non-finite loss (read back as inf)
 PLANES = "byte-planes"  # ``loss_layout`` of the binary block (absent: int32 values in sequence)
+
+
+# Modules that moved after studies stored their names (in ``meta``'s text): a report names the
+# module as it is now, so that every command it cites runs as printed; the stored text is unchanged.
+MOVED = {"python -m experiments.regime": "python -m experiments.studies.regime",
+         "python -m experiments.misalignment": "python -m experiments.studies.misalignment"}
+
+
+def current_commands(text: str) -> str:
+  """``text`` with every moved module (``MOVED``) named as it is now."""
+  for old, new in MOVED.items():
+    text = re.sub(re.escape(old) + r"(?![\w.])", new, text)
+  return text
 
 
 def _round(values, decimals=DECIMALS) -> list:

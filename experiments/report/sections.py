@@ -33,6 +33,7 @@ class Context:
   window: int
   main_results: list
   figures: list
+  intervals: bool = True  # t intervals in the tables (not with fewer seeds than a verdict needs)
 
 
 def study_figures(ctx: Context, curves: dict, rows: list, name: str, title: str) -> None:
@@ -58,7 +59,7 @@ def main_section(ctx: Context, results) -> tuple[list, list]:
            "method moves it: the P = 1 run's smoothed loss at steps evenly spaced in its training, "
            "down to the lowest loss both runs reach. Mean [min, max] over seeds and Student's t 95% "
            "interval of the mean.", "",
-           pivot(rows, "slowdown_levels", ci=True, none="no shared levels"), ""]
+           pivot(rows, "slowdown_levels", ci=ctx.intervals, none="no shared levels"), ""]
   if top > 1:
     lines += window_lines(ctx, curves, rows, top)
     plots.level_slowdowns(per_level(tables, top), ctx.out / "main_levels.png",
@@ -78,7 +79,7 @@ def main_section(ctx: Context, results) -> tuple[list, list]:
         "levels of the baseline's slowdown over the method's (> 1: the lead grows with "
         "staleness, as the paper claims; < 1: it shrinks).", "",
         "Advantage:", "", pivot(rows, "advantage", none="no shared levels"), "",
-        "Staleness gain:", "", pivot(rows, "staleness_gain", ci=True, none="no shared levels",
+        "Staleness gain:", "", pivot(rows, "staleness_gain", ci=ctx.intervals, none="no shared levels",
                                      stages=[p for p in stages if p > 1]), "",
         f"## Percent fewer iterations than the best baseline, to the P = {top} target", "",
         f"Target: the best baseline's final smoothed loss at P = {top}. The P = 1 column is the "
@@ -150,7 +151,7 @@ def study_section(ctx: Context, name: str, results, *, with_main_baselines=False
   if not show_baselines:
     rows = [r for r in rows if r["method"] not in BASELINES]
   lines = ["Slowdown at the method's own levels (median over the levels its P = 1 and P runs share):",
-           "", pivot(rows, "slowdown_levels", ci=True, none="no shared levels"), "",
+           "", pivot(rows, "slowdown_levels", ci=ctx.intervals, none="no shared levels"), "",
            "Slowdown from P = 1 to the method's own final loss at P:", "", pivot(rows, "slowdown_own"), ""]
   if fewer:
     lines += ["Percent fewer iterations than the best baseline (to its final loss at P):", "",

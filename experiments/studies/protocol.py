@@ -35,7 +35,6 @@ import sys
 import time
 
 import numpy as np
-from tqdm import tqdm
 
 from experiments import cli
 from experiments.harness import data as data_lib
@@ -190,7 +189,7 @@ def main(argv=None) -> pathlib.Path:
   ds = data_lib.load(None, context=t.model_config(256).context)
   out = folders.prepare_out(pathlib.Path(args.out))
   t0 = time.time()
-  with folders.exclusive(out), tqdm(total=0, desc="protocol", unit="run", dynamic_ncols=True) as overall:
+  with folders.exclusive(out), workers.overall_bar(0, "protocol") as overall:
     def run_all(configs):
       overall.total += len(configs)
       overall.refresh()

@@ -24,7 +24,6 @@ import pathlib
 import time
 
 import numpy as np
-from tqdm import tqdm
 
 from experiments import cli
 from experiments.harness import data as data_lib
@@ -100,7 +99,7 @@ def main(argv=None) -> pathlib.Path:
   byte_ds = data_lib.default_corpus(max(context, args.context))
   t0 = time.time()
   record = {"preset": args.preset, "top": args.top, "methods": args.methods, "seeds": args.seeds}
-  with folders.exclusive(out), tqdm(total=0, desc="regime", unit="run", dynamic_ncols=True) as overall:
+  with folders.exclusive(out), workers.overall_bar(0, "regime") as overall:
     run = lambda c, ds: workers.run_one(c, ds, out, overall)
 
     def runs_of(configs, ds):

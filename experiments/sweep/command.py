@@ -9,8 +9,6 @@ import pathlib
 import sys
 import time
 
-from tqdm import tqdm
-
 from experiments.harness import data as data_lib
 from experiments.harness import memory as memory_lib
 from experiments.harness import processes, provenance, runs
@@ -32,7 +30,7 @@ def report_finished(plan, ds, out: pathlib.Path, target: pathlib.Path, command: 
     raise ValueError(f"--finished-only: no run of this plan has finished in {str(out)!r}")
   folders.clear_figures(target)
   curves.write(target / curves.FILE, description.study_meta(plan.preset, ds, plan.stages, command), records)
-  report.build(target, command=command)
+  report.build(target, command=command, published=plan.preset.published_folder())
   print(f"{len(records)} of {len(every)} runs finished: {target / 'report.md'}")
   return target
 
@@ -67,13 +65,14 @@ def main(argv=None) -> pathlib.Path:
     methods = {c.method for c in plan.main} | {c.method for _, c in plan.ablations}
     trials = len(preset.tune_grid) * len(methods) if args.tune_lr else 0
     total = len(plan.main) + len(plan.ablations) + trials
-    with tqdm(total=total, desc="sweep", unit="run", dynamic_ncols=True) as overall:
+    with workers.overall_bar(total) as overall:
       if args.tune_lr:
         chosen = tuning.tune_learning_rates(plan, ds, out, overall)
         plan = dataclasses.replace(
             plan, main=tuple(dataclasses.replace(c, lr=chosen[c.method]) for c in plan.main),
             ablations=tuple((a, dataclasses.replace(c, lr=chosen[c.method])) for a, c in plan.ablations))
-      every = workers.run_all(list(plan.main) + [c for _, c in plan.ablations], ds, out, overall, plan.jobs)
+      every = workers.run_all(list(plan.main) + [c for _, c in plan.ablations], ds, out, overall, plan.jobs,
+                              keep_checkpoints=args.keep_checkpoints)
       main_results = every[:len(plan.main)]
       ablation_results = [(a, r) for (a, _), r in zip(plan.ablations, every[len(plan.main):])]
     wall = time.time() - t0
@@ -82,7 +81,7 @@ def main(argv=None) -> pathlib.Path:
       records = [curves.record("main", r) for r in main_results]
       records += [curves.record(a, r) for a, r in ablation_results]
       curves.write(out / curves.FILE, meta, records)
-      report.build(out, command=command)
+      report.build(out, command=command, published=preset.published_folder())
       if args.publish:
         folders.publish(out, pathlib.Path(args.publish))
   print(f"done in {wall:.0f}s: {out / 'report.md'}")

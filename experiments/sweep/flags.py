@@ -9,11 +9,11 @@ The other flags choose what runs (methods, depths, seeds, rates, ablations) and 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Callable
 
 import pipeline_sim as ps
+from experiments import cli
 from experiments.harness import methods as methods_lib
 from experiments.harness import model as model_lib
 from experiments.harness.config import EXECUTIONS, RunConfig
@@ -210,17 +210,19 @@ def _output_flags(parser) -> None:
   parser.add_argument("--jobs", type=int, help="runs trained at once, each in its own process, "
                       "with the same numbers as one at a time (default on one host's CPU: one per "
                       "usable core; else 1). One run keeps little more than one core busy (many "
-                      "small XLA ops), so on 2 cores two at a time finish a sweep about 1.4x sooner; "
-                      "their seconds per step include the others' load, so the report then shows no "
-                      "wall-clock to target (--jobs 1 times every run alone)")
+                      "small XLA ops); runs trained together count each other's load in their seconds "
+                      "per step, so the report then shows no wall-clock to target (--jobs 1 times "
+                      "every run alone)")
+  parser.add_argument("--keep-checkpoints", action="store_true", help="keep each finished run's "
+                      "checkpoints (its trained state, which `python -m experiments.studies.hessian` "
+                      "reads); by default they are deleted when the run finishes (a run checkpoints "
+                      "at least every tenth of its steps while it trains, to resume from)")
   parser.add_argument("--tune-lr", action="store_true", help="choose each method's peak learning "
                       "rate from the preset's grid with short runs at P = 1 (choice recorded)")
 
 
 def parse_args(argv=None):
-  parser = argparse.ArgumentParser(
-      prog="python -m experiments.sweep", description=DESCRIPTION,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli.Parser(prog="python -m experiments.sweep", description=DESCRIPTION)
   for add in (_study_flags, _training_flags, _pipeline_flags, _output_flags):
     add(parser)
   return parser.parse_args(argv)

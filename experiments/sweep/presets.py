@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 from experiments.harness import methods as methods_lib
 from experiments.harness.config import RunConfig
@@ -30,6 +31,9 @@ class Preset:
     tune_fraction: fraction of the steps each tuning run trains (at P = 1).
     plumbing: a check that the machinery runs, too short for the study's quantities: its report
       gives no verdicts.
+    published: the folder (from the repository's root) of this preset's published study: the
+      report compares the sweep's runs with its runs of the same names, and draws verdicts only
+      with at least as many seeds (``experiments.report.published``).
   """
 
   name: str
@@ -44,6 +48,12 @@ class Preset:
   tune_grid: tuple[float, ...] = (0.5, 1.0, 2.0)
   tune_fraction: float = 0.25
   plumbing: bool = False
+  published: str | None = None
+
+  def published_folder(self) -> pathlib.Path | None:
+    """``published`` in this checkout, if it holds the study's curves (an installed copy may not)."""
+    folder = ROOT / self.published if self.published else None
+    return folder if folder is not None and (folder / "curves.json.xz").is_file() else None
 
   def learning_rate(self, method: str) -> float:
     """The method's own entry; else, for a rotation variant, rotation's; else ``default``."""
@@ -63,6 +73,7 @@ class Preset:
     return max(1, int((steps or self.template.steps) * self.smooth_fraction))
 
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 _MAIN = methods_lib.BASELINES + ("rotation",)
 # The CPU studies add Muon (optax.contrib.muon, RMS-matched to AdamW), the method the follow-up
 # (arXiv 2606.30634) finds robust to a one-step delay: both papers' claims in one study.
@@ -79,14 +90,14 @@ PRESETS = {
     # P = 16). Rates from its P = 1 grid of 0.5x/1x/2x of 3e-3 (its numbers were not committed):
     # 3e-3 was the baselines' best, rotation's 6e-3 ahead of its 3e-3 within one seed's noise, so
     # every method shares 3e-3 and rotation's 6e-3 is the second reading; the report checks whether
-    # it beats the shared rate beyond the seed noise (over 5 seeds: it does not). Two seeds: 16 runs
-    # took 966 s two at a time on a 2-core Xeon; with Muon the default has 24 runs, about 25
-    # minutes; the published study adds seeds with --seeds.
+    # it beats the shared rate beyond the seed noise. Two seeds by default (24 runs, a reproduction
+    # of the published runs of the same names); the published study (``published``) adds seeds with
+    # --seeds, and only as many seeds as it has draw verdicts.
     "cpu": Preset(
         name="cpu", template=RunConfig(model="cpu-deep", batch_size=16, steps=2400, chunk=100,
                                        eval_every=1200, checkpoint_every=1200),
         stages=(1, 16), methods=_CPU, seeds=(0, 1), learning_rates=(("default", 3e-3),),
-        tuned_rates=(("rotation", 6e-3),)),
+        tuned_rates=(("rotation", 6e-3),), published="docs/results/cpu"),
     # The same regime with the whole P curve.
     "cpu-long": Preset(
         name="cpu-long", template=RunConfig(model="cpu-deep", batch_size=16, steps=2400, chunk=100,

@@ -1,12 +1,17 @@
 """The sweep's runs: one in this process (``run_one``), or several at once, each in a fresh worker
 process (``run_all``), with progress, one-line failures by run, and Ctrl-C / SIGTERM that stop
-every worker (finished runs are on disk, the others resume from their last checkpoint)."""
+every worker (finished runs are on disk, the others resume from their last checkpoint).
+
+Progress goes to a terminal as tqdm bars; anywhere else (a log file, ``nohup``, a queue) as plain
+lines: each run's start or resumption, each tenth of it, and its end."""
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import pathlib
 import signal
+import sys
 import time
 
 import numpy as np
@@ -17,11 +22,80 @@ from experiments.harness import provenance, runs
 from experiments.harness.config import run_dir
 
 
+def on_terminal() -> bool:
+  """Whether progress goes to a terminal (bars) or elsewhere (plain lines)."""
+  return sys.stderr.isatty()
+
+
+def overall_bar(total: int, desc: str = "sweep"):
+  """The sweep's count of runs: a bar on a terminal, elsewhere a silent counter (the plain lines
+  are each run's own). Its rate and time left count only the runs trained here (``count_cached``)."""
+  quiet = {} if on_terminal() else {"file": io.StringIO(), "mininterval": 1e9}
+  return tqdm(total=total, desc=desc, unit="run", dynamic_ncols=True, smoothing=0, **quiet)
+
+
+def count_cached(overall) -> None:
+  """One run found finished: counted, but not in the rate (so the time left is the trained runs')."""
+  overall.initial = getattr(overall, "initial", 0) + 1  # a disabled bar has none
+  overall.update(1)
+
+
+class RunBar:
+  """One run's progress (the ``progress`` ``runs.train`` advances): a tqdm bar on a terminal, plain
+  lines elsewhere (one per tenth of the run); on both, one line when the run resumes from a
+  checkpoint, naming the step."""
+
+  def __init__(self, name: str, total: int, position: int | None = None):
+    self.name, self.total, self.n, self.tenth, self.loss = name, total, 0, 0, None
+    self.started = self.told = False
+    self.position = position or 0
+    self.bar = tqdm(total=total, desc=name, leave=False, unit="step", dynamic_ncols=True,
+                    position=position) if on_terminal() else None
+
+  def reset(self, total):
+    self.total, self.n, self.tenth, self.started = total, 0, 0, False
+    if self.bar is not None:
+      self.bar.reset(total=total)
+
+  def update(self, n):
+    first, self.started = not self.started, True
+    self.n += n
+    tenth = self.n * 10 // max(self.total, 1)
+    if self.bar is not None:
+      self.bar.update(n)
+    elif first:  # a fresh run starts at 0; a resumed one at its checkpoint (its note says so)
+      if self.n == 0:
+        tqdm.write(f"  {self.name}: starts ({self.total} steps)")
+    elif tenth > self.tenth and self.n < self.total:
+      tqdm.write(f"  {self.name}: step {self.n}/{self.total}" + (f", loss {self.loss}" if self.loss else ""))
+    self.tenth = max(self.tenth, tenth)
+
+  def set_postfix(self, postfix, refresh=False):
+    if "resumed at" in postfix and not self.told:
+      self.told = True
+      tqdm.write(f"  {self.name}: resumes from step {postfix['resumed at']} of {self.total} (its last "
+                 "checkpoint)")
+    self.loss = postfix.get("loss", self.loss)
+    if self.bar is not None:
+      self.bar.set_postfix(postfix, refresh=refresh)
+
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+    return False
+
+
 class _QueueProgress:
-  """The ``progress`` a worker's ``runs.train`` advances: forwards steps and loss to the sweep."""
+  """The ``progress`` a worker's ``runs.train`` advances: forwards steps and notes to the sweep."""
 
   def __init__(self, queue, index):
-    self.queue, self.index, self.postfix = queue, index, {}
+    self.queue, self.index = queue, index
 
   def reset(self, total):
     self.queue.put(("reset", self.index, total))
@@ -30,10 +104,10 @@ class _QueueProgress:
     parent = multiprocessing.parent_process()
     if parent is not None and not parent.is_alive():  # the sweep was killed: stop at this chunk
       raise SystemExit("the sweep that started this worker is gone")
-    self.queue.put(("update", self.index, (n, self.postfix.get("loss"))))
+    self.queue.put(("update", self.index, n))
 
   def set_postfix(self, postfix, refresh=False):
-    self.postfix = dict(postfix)
+    self.queue.put(("postfix", self.index, dict(postfix)))
 
 
 # Signals held while a worker starts, so that the sweep registers every worker it starts before an
@@ -41,10 +115,14 @@ class _QueueProgress:
 HELD = (signal.SIGINT, signal.SIGTERM)
 
 
-def _worker(queue, index, config, ds, folder, jobs, source) -> None:
+def _worker(queue, index, config, ds, folder, jobs, source, keep=False) -> None:
   """One run in a fresh process: refuses to train if the source files changed since the sweep
   began (the worker would import other code than the sweep's), reports progress, then the result
-  or the error, by run."""
+  or the error, by run. Ctrl-C is the sweep's to handle (it terminates its workers): a worker
+  ignores SIGINT, so one delivered while it starts (held until here) is dropped, not raised where
+  nothing catches it; SIGTERM ends it silently (its default)."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
   signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
   try:
     changed = provenance.changed_files(source)
@@ -52,7 +130,8 @@ def _worker(queue, index, config, ds, folder, jobs, source) -> None:
       raise RuntimeError(f"the source changed since the sweep began ({', '.join(changed)}); this "
                          "worker would run other code: restart the sweep")
     t0 = time.time()
-    result = runs.train(config, ds, folder, progress=_QueueProgress(queue, index), jobs=jobs)
+    result = runs.train(config, ds, folder, progress=_QueueProgress(queue, index), jobs=jobs,
+                        keep_checkpoints=keep)
     queue.put(("done", index, (result, time.time() - t0)))
   except BaseException as e:  # noqa: BLE001 - reported by run name in the sweep
     queue.put(("error", index, f"{type(e).__name__}: {e}".strip()))
@@ -63,7 +142,7 @@ def _summary(result, seconds) -> str:
   return (f"{result['status']}, last loss {finite[-1] if finite else float('nan'):.4f} ({seconds})")
 
 
-def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1) -> list:
+def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1, keep_checkpoints: bool = False) -> list:
   """Every run of ``configs`` (finished ones loaded, unfinished ones resumed), in order; configs that
   name the same run folder are trained once.
 
@@ -77,7 +156,7 @@ def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1) -> list:
   once and the others go on; at the end ``RunFailed`` lists them (the next start resumes them).
   Ctrl-C or SIGTERM (``cli.run``) stops every worker; runs that finished are on disk, and the others
   resume from their last checkpoint. A worker whose sweep was killed outright (SIGKILL) stops at its
-  next chunk."""
+  next chunk. A finished run's checkpoints are deleted unless ``keep_checkpoints``."""
   if jobs < 1:
     raise ValueError(f"--jobs must be >= 1, got {jobs}")
   folders = [run_dir(c, ds, out) for c in configs]
@@ -88,14 +167,15 @@ def run_all(configs, ds, out: pathlib.Path, overall, jobs: int = 1) -> list:
   done = {}
   if jobs == 1 or len(unique) < 2:
     for i in unique:
-      done[i] = run_one(configs[i], ds, out, overall)
+      done[i] = run_one(configs[i], ds, out, overall, keep_checkpoints)
   else:
-    done = _run_parallel([(i, configs[i], folders[i]) for i in unique], ds, overall, jobs)
-  overall.update(len(configs) - len(unique))  # the same folders again
+    done = _run_parallel([(i, configs[i], folders[i]) for i in unique], ds, overall, jobs, keep_checkpoints)
+  for _ in range(len(configs) - len(unique)):  # the same folders again
+    count_cached(overall)
   return [done[first[folder]] for folder in folders]
 
 
-def _run_parallel(todo, ds, overall, jobs) -> dict:
+def _run_parallel(todo, ds, overall, jobs, keep=False) -> dict:
   """``{index: result}`` of ``todo`` (index, config, folder), ``jobs`` fresh processes at a time."""
   results = {}
   pending = []
@@ -105,7 +185,7 @@ def _run_parallel(todo, ds, overall, jobs) -> dict:
       pending.append((i, c, folder))
     else:
       results[i] = cached
-      overall.update(1)
+      count_cached(overall)
       tqdm.write(f"[{overall.n}/{overall.total}] {c.name}: {cached['status']} (cached)")
   if not pending:
     return results
@@ -127,13 +207,13 @@ def _run_parallel(todo, ds, overall, jobs) -> dict:
     while pending or active:
       while pending and len(active) < workers:
         i, c, folder = pending.pop(0)
-        proc = spawn.Process(target=_worker, args=(queue, i, c, ds, folder, workers, source), daemon=True)
-        slot = min(set(range(1, workers + 1)) - {abs(bar.pos) for _, bar in active.values()})
+        proc = spawn.Process(target=_worker, args=(queue, i, c, ds, folder, workers, source, keep),
+                             daemon=True)
+        slot = min(set(range(1, workers + 1)) - {bar.position for _, bar in active.values()})
         held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
         try:  # an interruption inside start() would leave a worker the sweep cannot stop
           proc.start()
-          active[i] = (proc, tqdm(total=c.steps, desc=c.name, leave=False, unit="step",
-                                  dynamic_ncols=True, position=slot))
+          active[i] = (proc, RunBar(c.name, c.steps, position=slot))
         finally:
           signal.pthread_sigmask(signal.SIG_SETMASK, held)
       try:
@@ -151,9 +231,9 @@ def _run_parallel(todo, ds, overall, jobs) -> dict:
       if kind == "reset":
         bar.reset(total=payload)
       elif kind == "update":
-        bar.update(payload[0])
-        if payload[1] is not None:
-          bar.set_postfix(loss=payload[1], refresh=False)
+        bar.update(payload)
+      elif kind == "postfix":
+        bar.set_postfix(payload, refresh=False)
       elif kind == "done":
         results[i] = payload[0]
         finish(i, _summary(payload[0], f"{payload[1]:.0f}s"))
@@ -171,14 +251,17 @@ def _run_parallel(todo, ds, overall, jobs) -> dict:
   return results
 
 
-def run_one(config, ds, out, overall):
-  """One run in this process (finished: loaded; unfinished: resumed), with a progress bar."""
+def run_one(config, ds, out, overall, keep_checkpoints: bool = False):
+  """One run in this process (finished: loaded; unfinished: resumed), with its progress."""
   folder = run_dir(config, ds, out)
-  with tqdm(total=config.steps, desc=config.name, leave=False, unit="step", dynamic_ncols=True) as bar:
+  with RunBar(config.name, config.steps) as bar:
     t0 = time.time()
     already = runs.load_result(folder) is not None
-    result = runs.train(config, ds, folder, progress=bar)
-  overall.update(1)
+    result = runs.train(config, ds, folder, progress=bar, keep_checkpoints=keep_checkpoints)
+  if already:
+    count_cached(overall)
+  else:
+    overall.update(1)
   tqdm.write(f"[{overall.n}/{overall.total}] {config.name}: "
              f"{_summary(result, 'cached' if already else f'{time.time() - t0:.0f}s')}")
   return result
