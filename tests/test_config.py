@@ -33,3 +33,12 @@ def test_the_name_written_by_hand():
   assert RunConfig(width=64, num_blocks=8, execution="devices", fsdp=True, remat="nothing_saveable",
                    diagnose_every=50).name.startswith("cpu-deep-B8-W64-devices-fsdp-diag50-remat_")
 
+
+
+def test_single_pass_sampling_names_its_runs_and_changes_their_identity():
+  from experiments.harness.config import identity
+  plain = RunConfig(width=64)
+  once = dataclasses.replace(plain, sampling="single-pass")
+  assert once.name == plain.name.replace("cpu-deep-W64_", "cpu-deep-W64-1pass_")
+  assert "sampling" not in identity(plain, "sha", 256)["config"]  # earlier runs keep their identity
+  assert identity(once, "sha", 256)["config"]["sampling"] == "single-pass"

@@ -102,3 +102,49 @@ def test_unreadable_and_late_out_of_vocabulary_files(tmp_path, monkeypatch):
   monkeypatch.setattr(data, "open", refuse, raising=False)  # (root reads any file: no chmod test)
   with pytest.raises(ValueError, match="locked.txt' cannot be read: Permission denied"):
     data.load(text, context=8)
+
+
+def _small(n=2_000):
+  rng = np.random.default_rng(3)
+  tokens = rng.integers(0, 256, size=n).astype(np.uint8)
+  return data.Dataset(tokens[:1800], tokens[1800:], 256, "small", "sha")
+
+
+def test_single_pass_predicts_every_training_token_at_most_once():
+  ds = _small()
+  context, batch = 16, 4
+  windows = ds.windows(context)
+  assert windows == (1800 - 1) // 16  # disjoint windows of 16 targets, each one token's lookahead
+  steps = windows // batch
+  seen = []
+  for step in range(steps):
+    x, y = ds.batch(5, step, batch, context, sampling="single-pass")
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
+    for row_x, row_y in zip(x, y):  # each row is the split at a multiple of the context
+      start = int(np.flatnonzero([np.array_equal(ds.train[s:s + context], row_x)
+                                  for s in range(0, 1800 - context, context)])[0]) * context
+      np.testing.assert_array_equal(ds.train[start + 1:start + context + 1], row_y)
+      seen.append(start)
+  assert len(seen) == len(set(seen)) == steps * batch  # no window twice within one pass
+  again = ds.batches(5, 3, 2, batch, context, "single-pass")  # pure: a resumed run sees the same
+  np.testing.assert_array_equal(again[0][0], ds.batch(5, 3, batch, context, sampling="single-pass")[0])
+  other = ds.batch(6, 0, batch, context, sampling="single-pass")[0]
+  assert not np.array_equal(other, ds.batch(5, 0, batch, context, sampling="single-pass")[0])
+  with pytest.raises(ValueError, match="would repeat tokens"):
+    ds.batch(5, steps + 1, batch, context, sampling="single-pass")
+  ds.check_single_pass(steps, batch, context)
+  held = f"need {(steps + 1) * batch} windows, but small's training split holds {windows}"
+  with pytest.raises(ValueError, match=held):
+    ds.check_single_pass(steps + 1, batch, context)
+  valid = ds.batch(5, 0, batch, context, split="valid", sampling="single-pass")  # validation: random
+  np.testing.assert_array_equal(valid[0], ds.batch(5, 0, batch, context, split="valid")[0])
+  with pytest.raises(ValueError, match="unknown sampling 'twice'"):
+    ds.batch(5, 0, batch, context, sampling="twice")
+
+
+def test_the_whole_standard_library_is_a_named_corpus_of_its_own():
+  whole = data.load(data.WHOLE_STDLIB, context=32)
+  files = data.stdlib_files()
+  assert whole.num_tokens == sum(p.stat().st_size for p in files) > data.DEFAULT_CORPUS_BYTES
+  assert whole.name.endswith("-stdlib-all") and whole.sha256 != data.load(None, context=32).sha256
+  assert bytes(whole.valid[-64:]) == files[-1].read_bytes()[-64:]

@@ -12,6 +12,7 @@ import re
 import jax
 
 import pipeline_sim as ps
+from experiments.harness import data as data_lib
 from experiments.harness import methods
 from experiments.harness import model as model_lib
 
@@ -88,6 +89,8 @@ class RunConfig:
       (``ModelConfig.remat``; ``None``: keep every activation). Memory, not numbers.
     loss_chunk: tokens per chunk of the output head and loss (``ModelConfig.loss_chunk``; ``None``:
       the full logits). Memory, not numbers (to float32 round-off).
+    sampling: how training batches are drawn (``data.SAMPLINGS``): ``random`` windows, or
+      ``single-pass`` (no training token predicted twice; the run must fit in one pass).
   """
 
   method: str = "pipedream"
@@ -113,6 +116,7 @@ class RunConfig:
   diagnose_every: int | None = _named("-diag{}")
   remat: str | None = _named("-remat")
   loss_chunk: int | None = _named("-lc{}")
+  sampling: str = _named("-1pass", "random")
   steps: int = 1200
   batch_size: int = 16
   lr: float = 3e-3
@@ -204,6 +208,8 @@ class RunConfig:
       raise ValueError(f"width {self.width} must be a positive multiple of the model's head size {head}")
     if self.width is None or not (self.width < head or self.width % head):
       self.model_config(256)  # the model's own checks (remat policy, loss_chunk)
+    if self.sampling not in data_lib.SAMPLINGS:
+      raise ValueError(f"unknown sampling {self.sampling!r}; choose from {data_lib.SAMPLINGS}")
     if self.dtype not in model_lib.DTYPES:
       raise ValueError(f"unknown dtype {self.dtype!r}; choose from {model_lib.DTYPES}")
     if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
@@ -234,7 +240,8 @@ class RunConfig:
 OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False, "warmup_steps": None,
                    "b2": 0.999, "diagnose_every": None, "diagnose_steps": 16, "width": None,
                    "remat": None, "loss_chunk": None, "schedule": "1f1b",
-                   "b1": None, "shampoo_beta": None, "predict_scale": None, "dc_lambda": None}
+                   "b1": None, "shampoo_beta": None, "predict_scale": None, "dc_lambda": None,
+                   "sampling": "random"}
 
 
 # The model's numerics, part of every run's identity: 1 for runs made with the model's own einsum

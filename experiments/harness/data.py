@@ -1,14 +1,19 @@
 """Offline token data: the default corpus, user text files and nanoGPT-style token files.
 
 Nothing is downloaded. The default corpus is the bytes of the running interpreter's standard-library
-``.py`` files (a fixed, sorted list; vocabulary 256), which exists wherever the project runs; its
-size and sha256 identify it in every result. Batches are a pure function of ``(seed, step)``, so a
-resumed run sees exactly the batches an uninterrupted one would.
+``.py`` files (a fixed, sorted list; vocabulary 256), which exists wherever the project runs: its
+first 8 MiB by default, all of it (about 30 MiB) as ``stdlib-all``; its size and sha256 identify it
+in every result. Batches are a pure function of ``(seed, step)``, so a resumed run sees exactly the
+batches an uninterrupted one would. Two samplings of the training split: ``random`` (each window
+at an offset drawn afresh, so a token may be seen more than once) and ``single-pass`` (the split cut
+into disjoint windows, visited in a seeded random order without repetition: no training token is
+predicted twice, as in pretraining on a corpus seen once).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import pathlib
 import sysconfig
@@ -16,6 +21,14 @@ import sysconfig
 import numpy as np
 
 DEFAULT_CORPUS_BYTES = 8 * 2**20  # the first 8 MiB of the sorted file list
+WHOLE_STDLIB = "stdlib-all"  # ``load``'s name for every standard-library file (no byte limit)
+SAMPLINGS = ("random", "single-pass")
+
+
+@functools.lru_cache(maxsize=8)
+def _visit_order(num_windows: int, seed: int) -> np.ndarray:
+  """The order in which ``single-pass`` visits a split's windows: a permutation seeded by ``seed``."""
+  return np.random.default_rng([seed, num_windows, 2]).permutation(num_windows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,21 +53,48 @@ class Dataset:
   def num_tokens(self) -> int:
     return len(self.train) + len(self.valid)
 
-  def batch(self, seed: int, step: int, batch_size: int, context: int, split: str = "train"):
+  def batch(self, seed: int, step: int, batch_size: int, context: int, split: str = "train",
+            sampling: str = "random"):
     """Batch ``step`` of the stream ``seed``: ``(inputs, targets)`` int32 arrays (batch, context).
 
-    A pure function of its arguments: windows start at offsets drawn from a NumPy generator seeded
-    with ``(seed, step, split)``.
+    A pure function of its arguments. ``random``: windows start at offsets drawn from a NumPy
+    generator seeded with ``(seed, step, split)``. ``single-pass`` (training split only): window
+    ``i`` of the split is ``tokens[i * context : (i + 1) * context + 1]`` (each token a target
+    once), and step ``s`` takes windows ``s * batch_size ..`` of the seeded visiting order.
     """
     tokens = {"train": self.train, "valid": self.valid}[split]
-    rng = np.random.default_rng([seed, step, 0 if split == "train" else 1])
-    starts = rng.integers(0, len(tokens) - context - 1, size=batch_size)
+    if sampling == "single-pass" and split == "train":
+      order = _visit_order(self.windows(context), seed)
+      picked = order[step * batch_size:(step + 1) * batch_size]
+      if len(picked) < batch_size:
+        raise ValueError(f"single-pass step {step} needs windows past the training split's "
+                         f"{len(order)} of {context} tokens: {self.name} would repeat tokens")
+      starts = picked * context
+    elif sampling in SAMPLINGS:
+      rng = np.random.default_rng([seed, step, 0 if split == "train" else 1])
+      starts = rng.integers(0, len(tokens) - context - 1, size=batch_size)
+    else:
+      raise ValueError(f"unknown sampling {sampling!r}; choose from {SAMPLINGS}")
     windows = np.stack([np.asarray(tokens[s:s + context + 1]) for s in starts]).astype(np.int32)
     return windows[:, :-1], windows[:, 1:]
 
-  def batches(self, seed: int, first_step: int, num_steps: int, batch_size: int, context: int):
+  def windows(self, context: int) -> int:
+    """Disjoint windows of ``context`` targets the training split holds (``single-pass``)."""
+    return (len(self.train) - 1) // context
+
+  def check_single_pass(self, steps: int, batch_size: int, context: int) -> None:
+    """An error, naming both numbers, unless ``steps`` steps of ``batch_size`` windows fit in one
+    pass over the training split."""
+    if steps * batch_size > self.windows(context):
+      raise ValueError(f"single-pass sampling: {steps} steps of {batch_size} windows of {context} tokens "
+                       f"need {steps * batch_size} windows, but {self.name}'s training split holds "
+                       f"{self.windows(context)}: choose fewer steps or a larger corpus")
+
+  def batches(self, seed: int, first_step: int, num_steps: int, batch_size: int, context: int,
+              sampling: str = "random"):
     """Batches ``first_step .. first_step + num_steps - 1`` stacked on a leading axis."""
-    xs, ys = zip(*(self.batch(seed, first_step + i, batch_size, context) for i in range(num_steps)))
+    xs, ys = zip(*(self.batch(seed, first_step + i, batch_size, context, sampling=sampling)
+                   for i in range(num_steps)))
     return np.stack(xs), np.stack(ys)
 
 
@@ -77,14 +117,14 @@ def stdlib_files() -> list[pathlib.Path]:
                 if "site-packages" not in p.parts and "dist-packages" not in p.parts and p.is_file())
 
 
-def default_corpus_bytes(max_bytes: int = DEFAULT_CORPUS_BYTES) -> bytes:
-  """The first ``max_bytes`` of the concatenated standard-library ``.py`` files."""
+def default_corpus_bytes(max_bytes: int | None = DEFAULT_CORPUS_BYTES) -> bytes:
+  """The first ``max_bytes`` (``None``: all) of the concatenated standard-library ``.py`` files."""
   chunks, size = [], 0
   for path in stdlib_files():
     data = path.read_bytes()
-    chunks.append(data[:max_bytes - size])
+    chunks.append(data if max_bytes is None else data[:max_bytes - size])
     size += len(chunks[-1])
-    if size >= max_bytes:
+    if max_bytes is not None and size >= max_bytes:
       break
   raw = b"".join(chunks)
   if not raw:
@@ -93,12 +133,14 @@ def default_corpus_bytes(max_bytes: int = DEFAULT_CORPUS_BYTES) -> bytes:
 
 
 def default_corpus(context: int, valid_fraction: float = 0.1,
-                   max_bytes: int = DEFAULT_CORPUS_BYTES) -> Dataset:
-  """The default corpus: standard-library source bytes, vocabulary 256."""
+                   max_bytes: int | None = DEFAULT_CORPUS_BYTES) -> Dataset:
+  """The default corpus: standard-library source bytes, vocabulary 256 (``max_bytes=None``: every
+  file, named ``...-stdlib-all``)."""
   raw = default_corpus_bytes(max_bytes)
   tokens = np.frombuffer(raw, dtype=np.uint8)
   train, valid = _split(tokens, valid_fraction, context, "the default corpus")
-  return Dataset(train, valid, 256, f"python{sysconfig.get_python_version()}-stdlib",
+  suffix = "-all" if max_bytes is None else ""
+  return Dataset(train, valid, 256, f"python{sysconfig.get_python_version()}-stdlib{suffix}",
                  hashlib.sha256(raw).hexdigest())
 
 
@@ -151,8 +193,9 @@ def token_file(path, context: int, vocab_size: int, valid_fraction: float = 0.1)
 
 
 def load(path, context: int, vocab_size: int | None = None, valid_fraction: float = 0.1) -> Dataset:
-  """``None``: the default corpus; ``*.bin``: uint16 tokens (needs vocab_size, default 50257 for
-  GPT-2 tokens); anything else: a byte-level text file."""
+  """``None``: the default corpus; ``"stdlib-all"``: every standard-library file (when no such file
+  exists here); ``*.bin``: uint16 tokens (needs vocab_size, default 50257 for GPT-2 tokens);
+  anything else: a byte-level text file."""
   if str(path).endswith(".bin"):
     return token_file(path, context, 50257 if vocab_size is None else vocab_size, valid_fraction)
   if vocab_size is not None:
@@ -161,6 +204,8 @@ def load(path, context: int, vocab_size: int | None = None, valid_fraction: floa
                      "(vocabulary 256)")
   if path is None:
     return default_corpus(context, valid_fraction)
+  if str(path) == WHOLE_STDLIB and not pathlib.Path(path).exists():
+    return default_corpus(context, valid_fraction, max_bytes=None)
   return text_file(path, context, valid_fraction)
 
 

@@ -303,6 +303,8 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
   done = load_result(run_dir)
   if done is not None:
     return done
+  if config.sampling == "single-pass":
+    ds.check_single_pass(config.steps, config.batch_size, config.model_config(ds.vocab_size).context)
   if config.batch_size % mesh.size:
     raise ValueError(f"batch_size {config.batch_size} is not divisible by the {mesh.size} devices; "
                      "choose a multiple (--batch-size)")
@@ -329,7 +331,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
   while step < config.steps:
     if config.diagnose_every and step and step % config.diagnose_every == 0:
       rec.diagnose(pipe, state, ds, step, context, mesh)
-    batches = ds.batches(config.seed, step, config.chunk, config.batch_size, context)
+    batches = ds.batches(config.seed, step, config.chunk, config.batch_size, context, config.sampling)
     batches = pipe.place_batches(batches, mesh)
     t0 = time.perf_counter()
     state, (done, chunk_losses, grad_norms) = _advance(pipe, state, batches, config, run_dir.name)

@@ -46,6 +46,9 @@ def main(argv=None) -> pathlib.Path:
   contexts = {c.model_config(256).context for c in plan.main} | {
       c.model_config(256).context for _, c in plan.ablations}
   ds = data_lib.load(args.data, context=max(contexts), vocab_size=args.vocab_size)
+  for c in [c for c in plan.main] + [c for _, c in plan.ablations]:
+    if c.sampling == "single-pass":  # before anything trains
+      ds.check_single_pass(c.steps, c.batch_size, c.model_config(ds.vocab_size).context)
   out = pathlib.Path(args.out or f"results/{preset.name}")
   if args.dry_run:
     memory_lib.dry_run([("main", c) for c in plan.main] + list(plan.ablations), ds, out)

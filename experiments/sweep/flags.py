@@ -90,6 +90,10 @@ _STUDY = (
                "size", minimum=1),
     ConfigFlag("--refresh-every", "refresh_every", "basis refresh period of rotation methods (default: "
                "each method's own, 10)", minimum=1),
+    ConfigFlag("--sampling", "sampling", "training batches: 'random' windows (default) or "
+               "'single-pass' (no training token seen twice: the runs must fit in one pass over the "
+               "data's training split; --data stdlib-all holds about 28M training tokens)", type=str,
+               choices=("random", "single-pass")),
 )
 _TRAINING = (
     ConfigFlag("--warmup", "warmup_fraction", "warm-up fraction of training (default: the preset's, "
@@ -174,8 +178,9 @@ def _training_flags(parser) -> None:
                       "delay of the sweep, tau_max = max(P) - 1, in steps, for every run (P = 1 too, so "
                       "that every P shares one schedule)")
   _add(parser, _TRAINING[2:])
-  parser.add_argument("--data", help="a text file (bytes) or a nanoGPT-style uint16 .bin token file; "
-                      "default: the Python standard library's source")
+  parser.add_argument("--data", help="'stdlib-all' (every standard-library .py file, about 30 MiB), "
+                      "a text file (bytes) or a nanoGPT-style uint16 .bin token file; "
+                      "default: the first 8 MiB of the Python standard library's source")
   parser.add_argument("--vocab-size", type=int, help="vocabulary of a .bin token file (default 50257)")
 
 
