@@ -19,7 +19,7 @@ EXPECTED = {
     "--loss-chunk": ("0", "loss_chunk", None), "--mode": ("no_stashing", "mode", "no_stashing"),
     "--schedule": ("2bw", "schedule", "2bw"), "--execution": ("devices", "execution", "devices"),
     "--fsdp": (None, "fsdp", True), "--diagnose-every": ("20", "diagnose_every", 20),
-    "--diagnose-steps": ("4", "diagnose_steps", 4),
+    "--diagnose-steps": ("4", "diagnose_steps", 4), "--sampling": ("single-pass", "sampling", "single-pass"),
 }
 ONLY = {"--shampoo-beta": "rotation", "--predict-scale": "pipedream+predict", "--dc-lambda": "muon+dc"}
 
