@@ -6,16 +6,15 @@ XLA's threads, and with any other process, for the cores; on a busy 2-core machi
 take hundreds of times longer (``python -m experiments.bench.threads``). So when a tool of this
 package is the program being run, OpenBLAS is made single-threaded before anything loads it,
 unless the user already chose (``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` set). Importing
-this package from your own program changes no environment variable; the library itself
-(``rotation.threads``) limits the OpenBLAS of JAX's LAPACK calls when a rotation state is first
-initialised on CPU.
+this package from your own program changes no environment variable, and the library changes no
+thread count (a program of one's own calls ``rotation.limit_lapack_threads()``).
 
 Compilation cache of the command-line tools: JAX's persistent compilation cache is turned on, in
 ``$XDG_CACHE_HOME/staleness-rotation/jax`` (default ``~/.cache/...``), unless the user set
 ``JAX_COMPILATION_CACHE_DIR`` (an empty value turns it off). A run's compiled programs depend on
 its shapes and settings, not on its seed, so the second seed of a configuration, a resumed run
-and a rerun skip compilation (15 s -> 5 s to the end of the first chunk of a P = 16 AdamW run);
-the cached program is the same program, so the numbers do not change.
+and a rerun skip compilation; the cached program is the same program, so the numbers do not
+change.
 """
 
 import os

@@ -139,9 +139,9 @@ class Pipeline:
   flushes = False  # ``finish`` has nothing to complete
 
   def init(self, params, example_batch=None) -> PipelineState:
-    """The state at step 0, built by one compiled program (P optimizers' inits run op by op
-    compile hundreds of small programs: 4.6 s for AdamW, 10.2 s for rotation at P = 16, against
-    1.6 s and 3.6 s compiled once). ``example_batch`` is not needed (the protocol's argument)."""
+    """The state at step 0, built by one compiled program (P optimizers' inits run op by op would
+    compile hundreds of small programs; docs/benchmarks.md, "Figures the code's comments cite").
+    ``example_batch`` is not needed (the protocol's argument)."""
     del example_batch
     check_labels(params, self.labels, self.num_stages)
     return self._init(params)

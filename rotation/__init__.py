@@ -21,6 +21,7 @@ from rotation.options import (
 from rotation.refresh import ALLOCATIONS, refresh_budget, stage_aware_decay, stage_aware_refresh
 from rotation.sharding import state_sharding
 from rotation.state import BasisRotationState, RotationPiece, leaf_bases
+from rotation.threads import limit_lapack_threads
 from rotation.transform import basis_rotation, scale_by_basis_rotation
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "FIRST_ORDER_STEPS", "GEOMETRIES", "LINEAR", "SECOND_MOMENT_RULES", "SECOND_MOMENTS", "SOURCES",
     "BasisRotationState",
     "RotationDimensionNumbers", "RotationPiece", "basis_rotation", "eigh_descending", "leaf_bases",
-    "refresh_budget", "scale_by_adam", "scale_by_basis_rotation", "stacked", "stage_aware_decay",
+    "limit_lapack_threads", "refresh_budget", "scale_by_adam", "scale_by_basis_rotation", "stacked",
+    "stage_aware_decay",
     "stage_aware_refresh", "state_sharding",
 ]

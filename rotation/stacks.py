@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 # Matrices of more elements than this are not concatenated across leaves: one matmul call is
 # already efficient at that size, and copying the arguments into a stack and the results out again
-# costs more (paper-95m block, width 384: the update 0.90x its time with 384 x 384 pieces kept apart).
+# costs more (measured in docs/benchmarks.md, "Figures the code's comments cite").
 LARGE = 128 * 128
 
 

@@ -1,18 +1,16 @@
-"""One LAPACK thread for the refreshes on CPU: the fast path for someone who only imports the library.
+"""One LAPACK thread for basis rotation's refreshes on CPU, when the caller asks for it.
 
 On the CPU backend JAX's QR, eigh and SVD (basis rotation's refreshes) call LAPACK through SciPy's
-``cython_lapack``, i.e. the OpenBLAS that SciPy ships. OpenBLAS's own worker threads then compete
-with XLA's threads for the same cores: a whole training step of rotation over AdamW's measured
-1.37x-1.42x with OpenBLAS's default threads against 1.16x-1.23x with one thread (2-core machine;
-``python -m experiments.bench.threads``).
-
-So the first time a rotation state is initialised on the CPU backend, ``limit_lapack_threads`` sets
-*that* OpenBLAS (the libraries shipped inside the ``scipy`` distribution, found with threadpoolctl)
-to one thread. What it changes: SciPy's own LAPACK/BLAS calls in the same process
-(``scipy.linalg``) also run single-threaded; NumPy's matmuls (NumPy ships its own OpenBLAS) and
-XLA's own kernels do not change. Opt out by setting ``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS``
-(any value: your choice is then left alone), or call ``threadpoolctl.threadpool_limits`` yourself
-afterwards. Where SciPy uses a system BLAS (a conda install), nothing is changed.
+``cython_lapack``, i.e. the OpenBLAS that SciPy ships, whose own worker threads compete with XLA's
+threads for the same cores (docs/benchmarks.md, "Threads", measures what that costs). The library
+never changes this by itself: a program opts in with ``OPENBLAS_NUM_THREADS=1`` in its environment
+(before anything loads OpenBLAS) or by calling ``limit_lapack_threads()`` once, which sets *that*
+OpenBLAS (the libraries shipped inside the ``scipy`` distribution, found with threadpoolctl) to
+one thread. What it changes: SciPy's own LAPACK/BLAS calls in the same process (``scipy.linalg``)
+also run single-threaded; NumPy's matmuls (NumPy ships its own OpenBLAS) and XLA's own kernels do
+not change. With ``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` set it changes nothing (the
+setting is the user's); where SciPy uses a system BLAS (a conda install), nothing is changed either.
+The study's command-line tools set ``OPENBLAS_NUM_THREADS=1`` (``experiments/__init__.py``).
 """
 
 from __future__ import annotations

@@ -27,9 +27,10 @@ column reordering never changes the update that follows; fields named ``nu``, ``
 ``sum_of_squares`` (``SECOND_MOMENTS``) are only permuted with the basis columns. An inner
 transformation with any other parameter-shaped field is refused at init, by the field's name.
 
-Threads: on the CPU backend the first ``init`` makes the OpenBLAS that JAX's LAPACK calls use
-single-threaded, unless ``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` is set (``rotation.threads``
-says what that changes and how to opt out).
+Threads: the library changes no process state. On the CPU backend the refreshes' QR and eigh call
+LAPACK in OpenBLAS, whose own threads compete with XLA's; the caller chooses their number
+(``OPENBLAS_NUM_THREADS=1``, or ``rotation.limit_lapack_threads()`` once; docs/benchmarks.md,
+"Threads", gives the measured effect).
 
 Numerics: statistics, bases, ``eigh``, QR and rotations are computed in float32 (float64 for
 float64 leaves); ``precond_dtype`` only changes how statistics and bases are stored, ``precision``
@@ -51,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rotation import dims, threads
+from rotation import dims
 from rotation import matrix as mx
 from rotation.adam import scale_by_adam
 from rotation.moments import FIRST_MOMENTS, SECOND_MOMENTS, at, moment_fields, replace_at
@@ -231,8 +232,6 @@ def init(params, inner, opts: Options, weight_dimension_numbers, bases) -> Basis
   """The initial state: identity (or given) bases, zero statistics, ``inner``'s state over
   parameter-shaped zeros; on the parameters' mesh when they are sharded."""
   check_float_leaves(params)
-  if not opts.fixed and jax.default_backend() == "cpu":
-    threads.limit_lapack_threads()  # the refreshes' LAPACK single-threaded; see rotation.threads
   try:
     block = static_int("block_size", opts.block_size, 1, none_ok=True)
     max_dim = static_int("max_precond_dim", opts.max_precond_dim, 0, none_ok=True)

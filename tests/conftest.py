@@ -13,6 +13,9 @@ def xla_flags(devices: int) -> str:
 
 
 os.environ.setdefault("XLA_FLAGS", xla_flags(1))
+# The harness's thread policy (experiments/__init__.py sets it for its command-line tools): one
+# OpenBLAS thread for the refreshes' LAPACK; the library itself changes no thread count.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache per test session, shared by the xdist workers and by the
 # subprocesses the tests start (they inherit the environment): many tests compile the same

@@ -1,5 +1,6 @@
-"""rotation.threads: a user's own program that only imports the library gets single-threaded LAPACK
-for the refreshes on CPU (SciPy's OpenBLAS), NumPy's OpenBLAS untouched, their own setting kept."""
+"""rotation.threads: using the library changes no thread count; a program that calls
+``rotation.limit_lapack_threads()`` gets single-threaded LAPACK for the refreshes on CPU (SciPy's
+OpenBLAS), NumPy's OpenBLAS untouched, a user's own setting kept."""
 
 import json
 import os
@@ -19,9 +20,13 @@ ours = _scipy_libraries()
 count = lambda: {("scipy" if os.path.realpath(i["filepath"]) in ours else "other"): i["num_threads"]
                  for i in threadpool_info() if i["internal_api"] == "openblas"}
 before = count()
-tx = rotation.basis_rotation(1e-3)
-tx.init({"w": jnp.zeros((4, 3))})
-print(json.dumps({"cores": len(os.sched_getaffinity(0)), "before": before, "after": count()}))
+tx = rotation.basis_rotation(1e-3, refresh_every=1)
+state = tx.init({"w": jnp.zeros((4, 3))})
+tx.update({"w": jnp.ones((4, 3))}, state, {"w": jnp.zeros((4, 3))})  # a refresh: QR and eigh
+used = count()
+limited = rotation.limit_lapack_threads()
+print(json.dumps({"cores": len(os.sched_getaffinity(0)), "before": before, "used": used, "after": count(),
+                  "limited": limited}))
 """
 
 
@@ -33,19 +38,20 @@ def _probe(**env):
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_first_init_makes_scipys_openblas_single_threaded_and_nothing_else():
+def test_using_the_library_changes_no_thread_count_and_the_one_line_limits_scipys_openblas():
   got = _probe()
   assert "scipy" in got["before"], got  # the wheel's OpenBLAS that jaxlib's LAPACK calls
   if got["cores"] > 1:  # (on one core OpenBLAS starts single-threaded: nothing to tell apart)
     assert got["before"]["scipy"] > 1, got
-  assert got["after"]["scipy"] == 1, got
+  assert got["used"] == got["before"], got  # init and a refresh leave the process as it was
+  assert got["after"]["scipy"] == 1 and got["limited"], got
   assert got["after"].get("other") == got["before"].get("other"), got  # NumPy's own untouched
 
 
 @pytest.mark.parametrize("variable", ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"])
 def test_a_users_own_thread_setting_is_kept(variable):
   got = _probe(**{variable: "2"})
-  assert got["after"] == got["before"], got
+  assert got["after"] == got["before"] and got["limited"] == [], got
 
 
 def test_the_benchmarks_median_of_repeated_runs():

@@ -1,9 +1,9 @@
 """rotation.basis_rotation's updates equal the ones frozen in tests/data/transform_numbers.json before
 its code was rewritten (``tests/data/transform_numbers.py``): bit for bit on the CPU that froze them
 (under the suite's XLA flags),
-to 1e-4 in every step's norm elsewhere (an AMD EPYC reads up to 1.5e-5 from the Intel Xeon that froze
-them, in the bf16 state and the first-order source, whose warm refreshes amplify round-off); eight
-configurations, 20 steps, cold and warm refreshes."""
+to 1e-4 in every step's norm elsewhere (another CPU's round-off, which warm refreshes amplify in the
+bf16 state and the first-order source: docs/benchmarks.md, "Figures the code's comments cite");
+eight configurations, 20 steps, cold and warm refreshes."""
 
 import importlib.util
 import json

@@ -2,9 +2,9 @@
 
 XLA's CPU QR, eigh and SVD call LAPACK in OpenBLAS. Each setting runs in a fresh process (the
 program imports ``rotation`` as a user's own would): OpenBLAS's default thread count (set
-explicitly, ``OPENBLAS_NUM_THREADS`` = the cores, which is also how a user opts out) against nothing
-set, where ``rotation.threads`` makes the OpenBLAS of JAX's LAPACK calls single-threaded, on a
-quiet machine and with a second process busy on every core (a NumPy matmul loop). Printed: the
+explicitly, ``OPENBLAS_NUM_THREADS`` = the cores) against the one line a user adds,
+``rotation.limit_lapack_threads()``, which makes the OpenBLAS of JAX's LAPACK calls single-threaded,
+on a quiet machine and with a second process busy on every core (a NumPy matmul loop). Printed: the
 time of 16 Householder QRs of 128 x 128 (one warm refresh of 16 such matrices), and the whole
 cpu-deep training step of rotation over AdamW's (batch 16, refresh period 10), each as ratios
 measured in this run. ``--repeat N`` (N > 1) instead runs the quiet whole step N times per setting
@@ -29,7 +29,9 @@ from experiments.bench import optimizer as bo
 from experiments.harness import data as data_lib
 from experiments.harness import model as model_lib
 
-rotation.basis_rotation(1e-3).init({"w": jnp.zeros((2, 2))})  # a user's first use of the library
+import os
+if os.environ.get("LIMIT_LAPACK"):
+  rotation.limit_lapack_threads()  # the one line a user adds
 qr = jax.jit(lambda a: jax.lax.map(lambda x: jnp.linalg.qr(x)[0], a))
 a = jax.random.normal(jax.random.PRNGKey(0), (16, 128, 128))
 jax.block_until_ready(qr(a))
@@ -58,9 +60,13 @@ BUSY = "import numpy as np\na = np.random.rand(1024, 1024)\nwhile True:\n  a = a
 
 
 def measure(threads: str | None, busy: bool) -> dict:
+  """One fresh process: ``threads`` as ``OPENBLAS_NUM_THREADS``, or ``None``: the program calls
+  ``rotation.limit_lapack_threads()``."""
   env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
   if threads is not None:
     env["OPENBLAS_NUM_THREADS"] = threads
+  else:
+    env["LIMIT_LAPACK"] = "1"
   load = subprocess.Popen([sys.executable, "-c", BUSY], env=env) if busy else None
   try:
     out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
@@ -87,7 +93,7 @@ def main(argv=None):
   cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
   print(f"{cores} cores; each line: a fresh process, a user's own program importing rotation")
   settings = {cores: f"OPENBLAS_NUM_THREADS={cores} (OpenBLAS's default, the opt-out)",
-              None: "nothing set (the library's default: rotation.threads limits SciPy's OpenBLAS)"}
+              None: "rotation.limit_lapack_threads() (SciPy's OpenBLAS single-threaded)"}
   if args.repeat > 1:
     settings["1"] = "OPENBLAS_NUM_THREADS=1 (set by hand)"
     ratios = {label: [] for label in settings.values()}
@@ -108,7 +114,7 @@ def main(argv=None):
             f"rotation / adamw {r['rotation'] / r['adamw']:.2f}x", flush=True)
   for busy in (False, True):
     d, lib = got[(busy, cores)], got[(busy, None)]
-    print(f"{'busy' if busy else 'quiet'}: OpenBLAS default / library default = {d['qr'] / lib['qr']:.2f}x "
+    print(f"{'busy' if busy else 'quiet'}: OpenBLAS default / one thread = {d['qr'] / lib['qr']:.2f}x "
           f"on the QRs, {d['rotation'] / lib['rotation']:.2f}x on rotation's whole step")
 
 

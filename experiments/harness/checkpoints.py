@@ -73,10 +73,9 @@ class _Checkpoints:
   and the others follow (``agree``), with a barrier before any file moves.
 
   The state is written packed, one flat vector per dtype (``pack``), when this process holds all
-  of it: Orbax writes one file per array, and a pipeline state has thousands of small ones (a P =
-  16 AdamW state: 1,097 arrays, 3 s per save and 3 s per restore, against 0.1-0.4 s and 0.04 s
-  packed). A state spread over several processes is written array by array, and both layouts
-  restore.
+  of it: Orbax writes one file per array, and a pipeline state has thousands of small ones (the
+  cost: docs/benchmarks.md, "Figures the code's comments cite"). A state spread over several
+  processes is written array by array, and both layouts restore.
   """
 
   def __init__(self, directory: pathlib.Path):

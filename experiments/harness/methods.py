@@ -69,8 +69,8 @@ METHODS = {
     "rotation-T100": Method("rotation", refresh_every=100),
     # Beyond the paper: each stage's statistics memory shortened by its delay (base memory / (1 + tau_k)).
     "rotation-stage-decay": Method("rotation", memory="stage"),
-    # The best uniform statistics decay of the estimation-lag study at T = 2,400 by the protocol's
-    # rule (docs/results/lag: 0.95, chosen after 6 seeds per decay, before any run of this method).
+    # The uniform statistics decay the protocol's rule chose from the estimation-lag study at
+    # T = 2,400 (docs/results/lag), fixed before any run of this method.
     "rotation-fast": Method("rotation", shampoo_beta=0.95),
     # Basis ablations (issue: the mechanism): Adam in a random fixed basis, and the eigenbasis
     # estimated over the first 100 steps (10 refreshes) and then frozen.

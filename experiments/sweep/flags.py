@@ -156,8 +156,8 @@ def _add(parser, flags) -> None:
 def _study_flags(parser) -> None:
   """What the sweep trains: the preset, methods, depths, seeds, steps, rates and model."""
   parser.add_argument("--preset", default="cpu", help=f"one of {sorted(presets_lib.PRESETS)} (default cpu: "
-                      "24 runs, seeds 0 and 1, about 25 minutes on a 2-core CPU); gpu-95m is the "
-                      "paper's 95M model")
+                      "24 runs, seeds 0 and 1, the published runs of those seeds again); gpu-95m is "
+                      "the paper's 95M model")
   parser.add_argument("--methods", nargs="+", help=f"methods to run at every P (default: the preset's); "
                       f"known: {sorted(methods_lib.METHODS)}")
   parser.add_argument("--stages", nargs="+", type=int, help="pipeline depths P (default: the preset's); "
