@@ -42,3 +42,41 @@ def test_single_pass_sampling_names_its_runs_and_changes_their_identity():
   assert once.name == plain.name.replace("cpu-deep-W64_", "cpu-deep-W64-1pass_")
   assert "sampling" not in identity(plain, "sha", 256)["config"]  # earlier runs keep their identity
   assert identity(once, "sha", 256)["config"]["sampling"] == "single-pass"
+
+
+def test_every_committed_run_keeps_its_identity_and_an_edited_method_gets_a_new_one(monkeypatch):
+  """A run's whole folder name (its identity's hash) is rebuilt from its config for every committed
+  study that records its corpus's hash; editing what a method name means (here rotation-fast's
+  statistics decay, or a constant of its kind's builder) changes the identity of its runs only."""
+  import re
+
+  from experiments.harness import methods
+  from experiments.harness.config import identity, run_name
+
+  fields = {f.name for f in dataclasses.fields(RunConfig)}
+  checked = 0
+  for path in sorted(RESULTS.rglob(curves.FILE)):
+    data = curves.read(path)
+    setting = " ".join(data["meta"].get("setting", []))
+    found = re.search(r"vocabulary (\d+), sha256 `([0-9a-f]{64})`", setting)
+    if not found:  # a study merged from others (they are checked where they are held)
+      continue
+    for run in data["runs"]:
+      config = RunConfig(**{k: v for k, v in run["config"].items() if k in fields})
+      assert run_name(config, found.group(2), int(found.group(1))) == run["name"], (path, run["name"])
+      checked += 1
+  assert checked > 700
+  assert set(methods.PUBLISHED) == set(methods.METHODS)  # every method of today, as it is today
+  fast, plain = RunConfig(method="rotation-fast"), RunConfig(method="rotation")
+  before = {c.method: run_name(c, "sha", 256) for c in (fast, plain)}
+  assert "method" not in identity(fast, "sha", 256)
+  monkeypatch.setitem(methods.METHODS, "rotation-fast",
+                      dataclasses.replace(methods.METHODS["rotation-fast"], shampoo_beta=0.9))
+  assert run_name(fast, "sha", 256) != before["rotation-fast"]
+  assert identity(fast, "sha", 256)["method"]["shampoo_beta"] == 0.9
+  assert run_name(plain, "sha", 256) == before["rotation"]
+  edited = {**methods.KIND_CONSTANTS["rotation"], "b1": 0.95}
+  monkeypatch.setitem(methods.KIND_CONSTANTS, "rotation", edited)
+  assert run_name(plain, "sha", 256) != before["rotation"]
+  monkeypatch.setitem(methods.METHODS, "rotation-new", methods.METHODS["rotation"])  # a new name
+  assert identity(RunConfig(method="rotation-new"), "sha", 256)["method"] == methods.definition("rotation-new")

@@ -274,13 +274,17 @@ def identity(config: RunConfig, data_sha256: str, vocab_size: int, devices: int 
 
   The code's version is not part of it (every commit would orphan every finished run): a finished
   run is reused and records the code that made it (``result.json``), and a checkpoint written by
-  other code is never resumed (``train`` restarts the run, with a warning).
+  other code is never resumed (``train`` restarts the run, with a warning). What the method's name
+  means is (``methods.definition``), wherever it is not what the name meant when the published runs
+  were made (``methods.PUBLISHED``): an edited method's runs get new folders.
   """
   config = canonical(config)
   fields = {k: v for k, v in dataclasses.asdict(config).items()
             if not (k in OPTIONAL_FIELDS and v == OPTIONAL_FIELDS[k])}
   out = {"config": fields, "data_sha256": data_sha256, "vocab_size": vocab_size,
          "model_revision": MODEL_REVISION}
+  if methods.digest(config.method) != methods.PUBLISHED.get(config.method):
+    out["method"] = methods.definition(config.method)  # an edited or a new method: its meaning
   if devices != 1:
     out["devices"] = int(devices)
   return out

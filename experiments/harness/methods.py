@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from typing import Any
 
 import jax
@@ -101,6 +103,51 @@ ALLOCATIONS = ("rotation", "rotation-sa", "rotation-sa-reverse")  # uniform, pro
 BASES = ("rotation-random", "rotation-frozen", "rotation")  # random, frozen, refreshed bases
 
 
+# The constants each kind's builder uses, part of what a method name means (``definition``).
+KIND_CONSTANTS = {
+    "adamw": {"b1": 0.9},
+    "pipemare": {"b1": 0.9},
+    "nadam": {"b1": 0.99, "stage_b1_base": 0.9},
+    "muon": {"beta": 0.95, "adam_b1": 0.9, "consistent_rms": 0.2},
+    "rotation": {"b1": 0.9, "block_size": None, "max_precond_dim": 10_000},
+}
+REMEDY_CONSTANTS = {"predict": {"predict_scale": PREDICT_SCALE},
+                    "dc": {"dc_lambda": DC_LAMBDA, "dc_decay": DC_DECAY}}
+
+
+def definition(name: str) -> dict:
+  """What the method ``name`` means, resolved: its ``Method``'s fields with its kind's constants
+  (and its remedy's), as plain values. A run's identity holds it wherever it is not the meaning the
+  name had when the published runs were made (``PUBLISHED``)."""
+  m = check_method(name)
+  return {**dataclasses.asdict(m), **KIND_CONSTANTS[m.kind], **REMEDY_CONSTANTS.get(m.remedy, {})}
+
+
+def digest(name: str) -> str:
+  return hashlib.sha256(json.dumps(definition(name), sort_keys=True).encode()).hexdigest()[:16]
+
+
+# What every method name meant when the committed runs were trained (``digest`` of its definition, on
+# December 7 2026). Never edit an entry: a method whose definition no longer matches its digest here
+# (an edited method) puts its whole definition into its runs' identities, so that its runs get new
+# folders and no finished run is reused under another meaning; a method added later has no entry
+# and always does. Runs of the names below, as defined below, keep the identities they were
+# published with.
+PUBLISHED = {
+    "pipedream": "b6b98247517884d3", "pipedream-lr": "5594aa8eba588de2", "nesterov": "3fdf1a22dcad5aa7",
+    "rotation": "dcfb420f4c6cb375", "rotation-2nd-uni": "f16f3ce76f1c5b63",
+    "rotation-1st-bi": "bdae833c42af2e10", "rotation-1st-uni": "92f69f7a3ae7dc40",
+    "rotation-1st-uni-power": "22878059c02a9f83", "rotation-sa": "a0fa3e67e4ebcaf3",
+    "rotation-sa-reverse": "2af244f47a4016c2", "rotation-T100": "4b0ea7a4b7d72f53",
+    "rotation-stage-decay": "7e2965c0633b6dc8", "rotation-fast": "f8b8c8b56802ab37",
+    "rotation-random": "9ddfe3d21cec547e", "rotation-frozen": "bc7da5ed065c2134",
+    "rotation-lr": "a01f97eee21ac86a", "nesterov-stage": "237119035985db29", "muon": "087bec3c68d9baff",
+    "pipedream+predict": "5fca38bc7d0cad87", "pipedream+dc": "d4b740f02cff2c24",
+    "muon+predict": "2ccaf0b792490251", "muon+dc": "77b2acedb59cd18b",
+    "rotation+predict": "8f7c9a2ed14548e4", "rotation+dc": "9014401751da1d62",
+}
+
+
 def reference(name: str) -> str:
   """The method whose P = 1 run stands for ``name``'s: a method whose only change acts on the delay
   has nothing to act on at P = 1. A staleness remedy's (``<optimizer>+predict``, ``<optimizer>+dc``)
@@ -164,26 +211,30 @@ class Stage:
 
 
 def _adamw(s: Stage, k: int):
-  return ps.pipedream(s.lr, b1=s.b1(0.9), b2=s.config.b2, weight_decay=s.config.weight_decay)
+  own = KIND_CONSTANTS["adamw"]
+  return ps.pipedream(s.lr, b1=s.b1(own["b1"]), b2=s.config.b2, weight_decay=s.config.weight_decay)
 
 
 def _pipemare(s: Stage, k: int):
-  return ps.pipedream_lr(s.lr, s.delays[k], s.transition, b1=s.b1(0.9), b2=s.config.b2,
+  own = KIND_CONSTANTS["pipemare"]
+  return ps.pipedream_lr(s.lr, s.delays[k], s.transition, b1=s.b1(own["b1"]), b2=s.config.b2,
                          weight_decay=s.config.weight_decay)
 
 
 def _nadam(s: Stage, k: int):
-  own = ps.nesterov_stage_b1(0.9, s.delays[k], s.config.stages) if s.method.stage_b1 else 0.99
-  return ps.nesterov(s.lr, b1=s.b1(own), b2=s.config.b2, weight_decay=s.config.weight_decay)
+  own = KIND_CONSTANTS["nadam"]
+  b1 = (ps.nesterov_stage_b1(own["stage_b1_base"], s.delays[k], s.config.stages) if s.method.stage_b1
+        else own["b1"])
+  return ps.nesterov(s.lr, b1=s.b1(b1), b2=s.config.b2, weight_decay=s.config.weight_decay)
 
 
 def _muon(s: Stage, k: int):
-  wd = s.config.weight_decay
+  own, wd = KIND_CONSTANTS["muon"], s.config.weight_decay
   dims = lambda params: jax.tree.map(
       lambda m: optax.contrib.MuonDimensionNumbers() if m else None, model_lib.rotation_mask(params))
-  return optax.contrib.muon(s.lr, beta=s.b1(0.95), weight_decay=wd, adam_b1=s.b1(0.9),
+  return optax.contrib.muon(s.lr, beta=s.b1(own["beta"]), weight_decay=wd, adam_b1=s.b1(own["adam_b1"]),
                             adam_b2=s.config.b2, adam_weight_decay=wd, muon_weight_dimension_numbers=dims,
-                            consistent_rms=0.2)
+                            consistent_rms=own["consistent_rms"])
 
 
 def _rotation(s: Stage, k: int):
@@ -194,11 +245,12 @@ def _rotation(s: Stage, k: int):
   shampoo_beta = m.shampoo_beta if c.shampoo_beta is None else c.shampoo_beta
   if m.memory == "stage":  # a number per stage: the library's "None means b2" resolved here too
     shampoo_beta = rotation.stage_aware_decay(s.delays, c.b2 if shampoo_beta is None else shampoo_beta)[k]
-  return rotation.basis_rotation(rate, b1=s.b1(0.9), b2=c.b2, shampoo_beta=shampoo_beta,
+  own = KIND_CONSTANTS["rotation"]
+  return rotation.basis_rotation(rate, b1=s.b1(own["b1"]), b2=c.b2, shampoo_beta=shampoo_beta,
                                  weight_decay=c.weight_decay, source=m.source, geometry=m.geometry,
                                  refresh_every=periods[k], first_order_step=m.first_order_step,
                                  weight_dimension_numbers=model_lib.rotation_dims,
-                                 block_size=None, max_precond_dim=10_000,
+                                 block_size=own["block_size"], max_precond_dim=own["max_precond_dim"],
                                  ablation=rotation.Ablation(bases, m.freeze_after))
 
 
