@@ -79,4 +79,5 @@ def test_every_committed_run_keeps_its_identity_and_an_edited_method_gets_a_new_
   monkeypatch.setitem(methods.KIND_CONSTANTS, "rotation", edited)
   assert run_name(plain, "sha", 256) != before["rotation"]
   monkeypatch.setitem(methods.METHODS, "rotation-new", methods.METHODS["rotation"])  # a new name
-  assert identity(RunConfig(method="rotation-new"), "sha", 256)["method"] == methods.definition("rotation-new")
+  new = identity(RunConfig(method="rotation-new"), "sha", 256)
+  assert new["method"] == methods.definition("rotation-new")
