@@ -111,6 +111,20 @@ def cpu_type() -> dict:
   return out
 
 
+def register_cpu_type(path) -> dict:
+  """This machine's ``cpu_type``, recorded in the JSON file ``path`` (``{name: type}``) of a study
+  that must stay on one type per name; an error if the file already holds this name with another
+  family or model (protocol amendment 9: the run records keep the name only)."""
+  path, mine = pathlib.Path(path), cpu_type()
+  known = json.loads(path.read_text()) if path.exists() else {}
+  if known.setdefault(mine["cpu"], mine) != mine:
+    raise ValueError(f"refused: {mine} is not the {known[mine['cpu']]} whose runs carry this name "
+                     "(protocol amendment 9)")
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+  return mine
+
+
 def versions() -> dict:
   out = {"python": platform.python_version(), "jax_backend": jax.default_backend(),
          "code": code_version(), "host": host()}

@@ -29,18 +29,7 @@ crel=docs/results/long-horizon
 cpub=$main/$crel
 
 cpu_type() {  # prints this CPU's folder suffix; fails on a known name with another family/model
-  (cd "$main" && "$py" - "$pub/cpus.json" <<'PY'
-import json, pathlib, sys
-from experiments.harness import provenance
-from experiments.studies import tuned_rates
-path, mine = pathlib.Path(sys.argv[1]), provenance.cpu_type()
-known = json.loads(path.read_text()) if path.exists() else {}
-if known.setdefault(mine["cpu"], mine) != mine:
-  sys.exit(f"refused: {mine} is not the {known[mine['cpu']]} whose runs carry this name (amendment 9)")
-path.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
-print(tuned_rates.slug(mine["cpu"]))
-PY
-  )
+  (cd "$main" && "$py" -m experiments.studies.ladder --register-cpu "$pub/cpus.json")
 }
 
 study() {  # tuned_rates over every published stage, this machine's own published runs and the confirmatory ones

@@ -66,13 +66,14 @@ def _trained(grid: dict, method: str, rate: float, seeds) -> bool:
   return all(s in grid.get((method, p), {}).get(rate, {}) for p in STAGES for s in seeds)
 
 
-def stage_one(grid: dict, method: str) -> dict:
-  """Stage 1 of one method: ``{"rows": {P: lr_grid.row}, "todo": rates still to train (both seeds,
-  both P), "chosen": {P: rate} or None}``; the planned rates are ``GRID`` and every widening so far."""
+def stage_one(grid: dict, method: str, seeds=TUNING_SEEDS) -> dict:
+  """Stage 1 of one method: ``{"rows": {P: lr_grid.row}, "todo": rates still to train (every seed
+  of ``seeds``, both P), "chosen": {P: rate} or None}``; the planned rates are ``GRID`` and every
+  widening so far."""
   planned = set(GRID) | {r for p in STAGES for r in grid.get((method, p), {})}
-  todo = sorted(r for r in planned if not _trained(grid, method, r, TUNING_SEEDS))
+  todo = sorted(r for r in planned if not _trained(grid, method, r, seeds))
   rows = {p: lr_grid.row(method, p, {r: grid.get((method, p), {}).get(r, {}) for r in sorted(planned)},
-                         TUNING_SEEDS) for p in STAGES}
+                         seeds) for p in STAGES}
   if todo:
     return {"rows": rows, "todo": todo, "chosen": None}
   widen = sorted({past(rows[p]["best"], rows[p]["edge"]) for p in STAGES
@@ -89,15 +90,16 @@ def neighbours(rates, best: float) -> list:
   return rates[max(0, i - 1):i + 2]
 
 
-def stage_two(check: dict, method: str, first: dict) -> dict:
+def stage_two(check: dict, method: str, first: dict, seed: int = CHECK_SEED, steps: int = CHECK_T) -> dict:
   """Stage 2 of one method, given its stage-1 result: ``{"candidates": {P: [rates]}, "finals": {P:
   {rate: loss}}, "todo": rates to train at 38,400, "decided": {P: rate} so far, "chosen": the same
-  once both P are decided (else None), "moved": {P: whether the 38,400 reading replaced stage 1's}}``."""
+  once both P are decided (else None), "moved": {P: whether the long reading replaced stage 1's}}``
+  (``seed``, ``steps``: the check's seed and length, amendment 8's by default)."""
   candidates = {p: neighbours(first["rows"][p]["rates"], first["chosen"][p]) for p in STAGES}
   trained = {r for p in STAGES for r in check.get((method, p), {})}
   planned = {r for c in candidates.values() for r in c} | trained
-  todo = {r for r in planned if not _trained(check, method, r, (CHECK_SEED,))}
-  finals = {p: {r: check.get((method, p), {}).get(r, {}).get(CHECK_SEED) for r in sorted(planned)}
+  todo = {r for r in planned if not _trained(check, method, r, (seed,))}
+  finals = {p: {r: check.get((method, p), {}).get(r, {}).get(seed) for r in sorted(planned)}
             for p in STAGES}
   chosen, moved = {}, {}
   for p in STAGES:
@@ -105,7 +107,7 @@ def stage_two(check: dict, method: str, first: dict) -> dict:
       continue
     scored = {r: v for r, v in finals[p].items() if v is not None and r not in todo}
     if not scored:
-      raise ValueError(f"{method} P = {p}: every candidate rate diverged at T = {CHECK_T}")
+      raise ValueError(f"{method} P = {p}: every candidate rate diverged at T = {steps}")
     local = min((r for r in candidates[p] if r in scored), key=scored.get, default=None)
     if local == first["chosen"][p]:
       chosen[p], moved[p] = local, False

@@ -45,7 +45,7 @@ def main(argv=None) -> pathlib.Path:
   preset = plan.preset
   contexts = {c.model_config(256).context for c in plan.main} | {
       c.model_config(256).context for _, c in plan.ablations}
-  ds = data_lib.load(args.data, context=max(contexts), vocab_size=args.vocab_size)
+  ds = data_lib.load(args.data or preset.data, context=max(contexts), vocab_size=args.vocab_size)
   for c in [c for c in plan.main] + [c for _, c in plan.ablations]:
     if c.sampling == "single-pass":  # before anything trains
       ds.check_single_pass(c.steps, c.batch_size, c.model_config(ds.vocab_size).context)

@@ -34,6 +34,8 @@ class Preset:
     published: the folder (from the repository's root) of this preset's published study: the
       report compares the sweep's runs with its runs of the same names, and draws verdicts only
       with at least as many seeds (``experiments.report.published``).
+    data: the corpus when ``--data`` is not given (``experiments.harness.data.load``'s argument;
+      ``None``: the default corpus).
   """
 
   name: str
@@ -49,6 +51,7 @@ class Preset:
   tune_fraction: float = 0.25
   plumbing: bool = False
   published: str | None = None
+  data: str | None = None
 
   def published_folder(self) -> pathlib.Path | None:
     """``published`` in this checkout, if it holds the study's curves (an installed copy may not)."""
@@ -104,6 +107,15 @@ PRESETS = {
                                             eval_every=1200, checkpoint_every=1200),
         stages=(1, 2, 4, 8, 16), methods=_CPU, seeds=(0, 1, 2), learning_rates=(("default", 3e-3),),
         tuned_rates=(("rotation", 6e-3),)),
+    # The width ladder (docs/protocol.md amendment 10): cpu-deep's 16 blocks at --width 32, 64 or
+    # 128, the whole standard library seen once (single-pass sampling), 4,800 steps, validation on
+    # 32 micro-batches; every (method, P, width) at its tuned rate (--lr), seeds 12-15.
+    "ladder": Preset(
+        name="ladder", template=RunConfig(model="cpu-deep", batch_size=16, steps=4800, chunk=100,
+                                          eval_every=1200, eval_batches=32, checkpoint_every=1200,
+                                          warmup_steps=28, sampling="single-pass"),
+        stages=(1, 16), methods=("pipedream", "nesterov", "rotation", "muon"), seeds=(12, 13, 14, 15),
+        learning_rates=(("default", 3e-3),), data="stdlib-all"),
     "gpu-95m": Preset(
         name="gpu-95m", template=RunConfig(model="paper-95m", batch_size=32, steps=10000, chunk=100,
                                            eval_every=1000, eval_batches=8, checkpoint_every=1000,
