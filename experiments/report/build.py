@@ -213,8 +213,8 @@ def build(source, out=None, methods=None, command: str | None = None, figures: b
   compared = {}
   if theirs is not None:
     compared["runs"] = published_lib.compare_runs(runs, window, theirs["runs"], theirs["meta"]["window"])
-    lines += published_lib.runs_section(compared["runs"], published, theirs["meta"]["command"],
-                                        published_lib.seeds_of(theirs["runs"]))
+    lines += published_lib.runs_section(compared["runs"], published_lib.shown(published),
+                                        theirs["meta"]["command"], published_lib.seeds_of(theirs["runs"]))
     if not plumbing:
       their_claims, _ = checked_claims(theirs["runs"], theirs["meta"]["window"])
       compared["claims"] = published_lib.compare_claims(claims, their_claims)

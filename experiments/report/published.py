@@ -11,10 +11,18 @@ freedom it spans orders of magnitude): the section says how many seeds a verdict
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from experiments.report import curves as curves_lib
 from experiments.report.tables import final_loss
+
+
+def shown(folder) -> str:
+  """``folder`` as a reader finds it: relative to the working folder when it lies below it."""
+  relative = os.path.relpath(folder)
+  return relative if not relative.startswith("..") else str(folder)
 
 
 def seeds_of(runs) -> list:
