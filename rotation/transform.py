@@ -249,7 +249,7 @@ def init(params, inner, opts: Options, weight_dimension_numbers, bases) -> Basis
                      f"first moments {FIRST_MOMENTS} nor second moments {SECOND_MOMENTS}: they would "
                      "stay in the old basis at a refresh. Use an inner optimizer whose moments "
                      "carry these names, or fixed bases.")
-  if opts.source == "first" and not opts.fixed and not first:
+  if opts.source == "first" and not opts.fixed and not first and any(p is not None for p in plans):
     raise ValueError(f"source='first' needs an inner transformation with a first moment (a field "
                      f"named one of {FIRST_MOMENTS})")
   given = (random_bases(bases, plans) if is_key(bases) else given_bases(bases, params, plans)

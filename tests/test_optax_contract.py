@@ -1,6 +1,7 @@
 """optax's shared contract for contributed optimizers (optax/contrib/_common_test.py, which every
 optimizer of ``optax.contrib``, Muon included, passes), restated for ``rotation.basis_rotation``: its
-targets, thresholds and assertions are optax's, written in this project's words. Each case runs the
+targets, thresholds and assertions are optax's, written in this project's words. Each case (the
+paper's alias and every option that changes what it computes or keeps: ``CASES``) runs the
 optimizer as optax's does and asks the same of it:
 
 - extra keyword arguments it does not expect are accepted, and the second ``update`` does not
@@ -33,10 +34,29 @@ import rotation
 
 LR = 1e-2  # the rate optax's contract gives Muon, the other matrix optimizer
 UNINJECTABLE = ("block_size", "max_precond_dim")  # shape-fixing integers: static under inject_hyperparams
-# (name, optax-style factory): the paper's alias, and the same over 2-D leaves rotated unilaterally
+
+
+def _custom_inner(learning_rate):
+  """The rotation around an inner transformation of the user's (AMSGrad: fields mu, nu, nu_max),
+  chained with the learning rate as optax's aliases are."""
+  return optax.chain(rotation.scale_by_basis_rotation(inner=optax.scale_by_amsgrad()),
+                     optax.scale_by_learning_rate(learning_rate))
+
+
+# (name, optax-style factory): the paper's alias, and every option that changes what the transformation
+# computes or keeps: the other geometry and source, staggered refreshes, second moments rotated on a
+# refresh, the two ablations (Adam in fixed random bases; bases frozen after a few refreshes) and a
+# custom inner transformation
 CASES = {
     "basis_rotation": rotation.basis_rotation,
     "unilateral": functools.partial(rotation.basis_rotation, geometry="unilateral"),
+    "first order": functools.partial(rotation.basis_rotation, source="first"),
+    "staggered": functools.partial(rotation.basis_rotation, stagger=True),
+    "rotated second moments": functools.partial(rotation.basis_rotation, second_moments="rotate"),
+    "random bases": functools.partial(rotation.basis_rotation,
+                                      ablation=rotation.Ablation(jax.random.key(0), None)),
+    "frozen bases": functools.partial(rotation.basis_rotation, ablation=rotation.Ablation(None, 30)),
+    "custom inner": _custom_inner,
 }
 
 

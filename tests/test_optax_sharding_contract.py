@@ -1,11 +1,12 @@
 """optax's sharding contract for contributed optimizers (optax/contrib/_sharding_test.py in optax's
 repository; not shipped with the installed package), restated for ``rotation.basis_rotation`` on 8
-forced CPU devices (a subprocess: the device count is fixed when JAX starts). Its three checks, as
-optax asks them of every contrib optimizer, with its shapes, dtypes and mesh:
+forced CPU devices (a subprocess: the device count is fixed when JAX starts), with its shapes,
+dtypes and mesh. optax's current file asks one thing of every contrib optimizer, the second check
+below; this project asks two more of its own (a superset):
 
 - ``init`` accepts abstract parameters (a ``jax.ShapeDtypeStruct`` of shape (2, 4, 8));
-- on a mesh of 8 devices with explicit axes, float16 parameters of shape (2, 8, 4) split as
-  ``P(None, "x")``: the state's types (shardings included) after one ``update`` equal ``init``'s;
+- (optax's) on a mesh of 8 devices with explicit axes, float16 parameters of shape (2, 8, 4) split
+  as ``P(None, "x")``: the state's types (shardings included) after one ``update`` equal ``init``'s;
 - ``jax.jit(init)`` gives ``init``'s types, and ``jax.jit(update)`` gives ``update``'s.
 
 optax's parameter is one 3-D leaf, which the default (every 2-D leaf) leaves to plain Adam; the

@@ -249,6 +249,15 @@ def test_tune_lr_records_and_uses_the_choice(tmp_path):
   assert len(main) == 1 and main[0]["config"]["lr"] == chosen
 
 
+def test_an_unknown_flag_is_one_line_with_a_pointer_to_help(capsys):
+  assert cli.run(sweep.main, ["--preset", "smoke", "--no-such-flag"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err == ("error: unrecognized arguments: --no-such-flag (`python -m experiments.sweep --help` lists "
+                 "the flags)")
+  assert cli.run(sweep.main, ["--jobs"]) == 2  # a flag without its value
+  assert capsys.readouterr().err.strip().startswith("error: argument --jobs: expected one argument")
+
+
 def test_ctrl_c_is_one_line(monkeypatch, capsys):
   def interrupted(argv=None):
     raise KeyboardInterrupt

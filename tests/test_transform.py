@@ -572,3 +572,16 @@ def test_steps_between_refreshes_equal_the_refresh_switch_bit_for_bit(monkeypatc
   assert len(plain) == len(forced)
   for a, b in zip(plain, forced):
     np.testing.assert_array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64))
+
+
+def test_a_first_order_source_needs_a_first_moment_only_where_something_is_rotated():
+  """``source="first"`` reads the inner first moment: refused at init when a rotated leaf has none
+  (RMSProp keeps only ``nu``), accepted when nothing is rotated, as under ``optax.tree.map_params``."""
+  tx = rotation.scale_by_basis_rotation(inner=optax.scale_by_rms(), source="first", b1=0.9)
+  with pytest.raises(ValueError, match="source='first' needs an inner transformation with a first moment"):
+    tx.init({"w": jnp.zeros((3, 2))})
+  state = tx.init({"b": jnp.zeros((3,))})  # a 1-D leaf: plain inner, no rotation
+  adam = rotation.basis_rotation(1e-2, source="first")
+  mapped = optax.tree.map_params(adam, lambda v: v, adam.init(jnp.zeros((3, 2))))
+  assert jax.tree.structure(mapped) == jax.tree.structure(adam.init(jnp.zeros((3, 2))))
+  assert state is not None
