@@ -139,6 +139,13 @@ def test_the_study_rebuilds_from_the_folders_it_writes(tmp_path):
   again = ladder.main(folders + ["--out", str(tmp_path / "again"), "--cpu", "cpu A"])
   assert [c["verdict"] for c in again["claims"]] == [c["verdict"] for c in first["claims"]]
   assert [c["mean"] for c in again["claims"]] == pytest.approx([c["mean"] for c in first["claims"]], abs=1e-4)
+  # a queue passes the published folders beside its own full-resolution copies of the same runs
+  split = tmp_path / "tuning-only"
+  split.mkdir()
+  tuning_runs = [r for r in runs if r["config"]["seed"] == 0]
+  curves.write(split / curves.FILE, {"window": 60, "command": "c"}, tuning_runs)
+  both = ladder.main(folders + [str(split), "--out", str(tmp_path / "both"), "--cpu", "cpu A"])
+  assert [c["verdict"] for c in both["claims"]] == [c["verdict"] for c in first["claims"]]
 
 
 def test_a_queue_refuses_a_cpu_known_by_its_name_with_another_family_or_model(tmp_path, monkeypatch, capsys):

@@ -392,26 +392,28 @@ def main(argv=None) -> dict:
 
 
 def _write_curves(out: pathlib.Path, sources: list, chosen) -> list:
-  """Writes the runs of ``sources`` into ``OUT/tune`` (tuning seed, 100-step block means), and per CPU
-  type ``OUT/confirmatory-<cpu>`` (10-step block means); returns the folders written."""
+  """Writes the runs of ``sources`` into ``OUT/tune`` (the tuning seed's, 100-step block means) and
+  per CPU type ``OUT/confirmatory-<cpu>`` (the others, 10-step block means); returns the folders
+  written. A source holds one kind or the other (a sweep's publish, or a folder written here), so
+  a run held twice is compared at its kind's resolution."""
   if not sources:
     return []
-  written = []
   tuning_run = lambda r: r["config"]["seed"] == TUNING_SEED
-  merged = curves.merge(sources, block=lr_grid.BLOCK, only=tuning_run)
-  runs = [r for r in merged["runs"] if tuning_run(r)]
-  if runs:
+  kinds = {s: {tuning_run(r) for r in curves.read(s)["runs"]} for s in sources}
+  written = []
+  tune = [s for s, k in kinds.items() if True in k]
+  if tune:
+    merged = curves.merge(tune, block=lr_grid.BLOCK)
     (out / "tune").mkdir(exist_ok=True)
-    curves.write(out / "tune" / curves.FILE, merged["meta"], runs)
+    curves.write(out / "tune" / curves.FILE, merged["meta"], [r for r in merged["runs"] if tuning_run(r)])
     written.append(str(out / "tune"))
-  for cpu in curves.cpus_of(sources):
-    m = curves.merge(sources, block=BLOCK, cpu=cpu)
-    runs = [r for r in m["runs"] if not tuning_run(r)]
-    if runs:
-      folder = out / f"confirmatory-{tuned_rates.slug(cpu)}"
-      folder.mkdir(exist_ok=True)
-      curves.write(folder / curves.FILE, m["meta"], runs)
-      written.append(str(folder))
+  confirmatory = [s for s, k in kinds.items() if False in k]
+  for cpu in curves.cpus_of(confirmatory):
+    m = curves.merge(confirmatory, block=BLOCK, cpu=cpu)
+    folder = out / f"confirmatory-{tuned_rates.slug(cpu)}"
+    folder.mkdir(exist_ok=True)
+    curves.write(folder / curves.FILE, m["meta"], [r for r in m["runs"] if not tuning_run(r)])
+    written.append(str(folder))
   return written
 
 
