@@ -290,8 +290,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
   bar advanced by steps; ``devices`` the data mesh's (default ``jax.devices()``; the device pipeline
   uses the local ones); ``jobs`` the runs trained at once on this host (a sweep's ``--jobs``),
   recorded in the result: above 1, its seconds include the others' load. ``keep_checkpoints``:
-  whether a finished run keeps its checkpoints (its trained state, for ``restore_state``); without,
-  they are deleted once its result is written.
+  a finished run keeps its checkpoints (its trained state, for ``restore_state``), else drops them.
   """
   run_dir = pathlib.Path(run_dir)
   config.validate()
@@ -303,11 +302,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
   done = load_result(run_dir)
   if done is not None:
     return done
-  if config.sampling == "single-pass":
-    ds.check_single_pass(config.steps, config.batch_size, config.model_config(ds.vocab_size).context)
-  if config.batch_size % mesh.size:
-    raise ValueError(f"batch_size {config.batch_size} is not divisible by the {mesh.size} devices; "
-                     "choose a multiple (--batch-size)")
+  _check_batches(config, ds, mesh)
   t0 = time.perf_counter()
   pipe, state, _, loss_fn = build(config, ds, devices)
   state = jax.block_until_ready(pipe.place(state, mesh, config.fsdp))
@@ -361,10 +356,26 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
     rec.save(ckpt, step, state)  # the trained state, for diagnostics
   result = rec.result(run_dir, ident, status, step, pipe, state, ds, mesh, jobs)
   write_json(run_dir / "result.json", result)
-  if not keep_checkpoints and is_primary():
+  if not keep_checkpoints:
+    _drop_checkpoints(ckpt, run_dir)
+  return result
+
+
+def _check_batches(config: RunConfig, ds: Dataset, mesh) -> None:
+  """The batches the run will draw exist: one pass holds them (``single-pass``), and the mesh
+  divides each micro-batch."""
+  if config.sampling == "single-pass":
+    ds.check_single_pass(config.steps, config.batch_size, config.model_config(ds.vocab_size).context)
+  if config.batch_size % mesh.size:
+    raise ValueError(f"batch_size {config.batch_size} is not divisible by the {mesh.size} devices; "
+                     "choose a multiple (--batch-size)")
+
+
+def _drop_checkpoints(ckpt: _Checkpoints, run_dir: pathlib.Path) -> None:
+  """A finished run's checkpoints deleted (its result is written), by process 0."""
+  if is_primary():
     ckpt.close()
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-  return result
 
 
 def _truncate_log(log: pathlib.Path, step: int) -> None:
