@@ -2,18 +2,43 @@
 second-order statistics, the exact re-expression of the moments across a basis change, and the cold
 (step 1) and warm refreshes behind a guard that never installs a non-finite basis.
 
-A refresh takes ``args = (g, U, V, L, R, firsts, seconds)`` (a side not rotated, a statistic not kept:
-``None``; ``firsts`` and ``seconds`` the inner moments in rotated coordinates) and returns ``(U, V,
-firsts, seconds, rotated gradient)``; ``rotation.transform`` lifts these over stacks with ``vmap`` or
-``lax.map``."""
+A refresh takes a ``PieceArgs`` and returns a ``Refreshed``; ``rotation.transform`` lifts these over
+stacks with ``vmap`` or ``lax.map``."""
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from rotation import eigenbasis as eb
 from rotation.options import Options
+
+
+class PieceArgs(NamedTuple):
+  """One matrix piece (or a K-stack of them) going into a refresh or a rotation: the gradient, the
+  bases ``U``, ``V``, the statistics ``L``, ``R`` (a side not rotated, a statistic not kept:
+  ``None``), and the inner moments in rotated coordinates (none on the path without a refresh)."""
+
+  g: Any
+  left: Any
+  right: Any
+  stat_left: Any
+  stat_right: Any
+  firsts: tuple = ()
+  seconds: tuple = ()
+
+
+class Refreshed(NamedTuple):
+  """A piece after a refresh (or after none): its bases, its moments re-expressed in them, and the
+  gradient rotated in."""
+
+  left: Any
+  right: Any
+  firsts: tuple
+  seconds: tuple
+  rotated: Any
 
 
 def rotate_in(g, ql, qr, precision=eb.HIGHEST):
@@ -69,7 +94,7 @@ def guarded(refresh, args, second_moments: str):
   decompositions only ever see finite input, the first moments are re-expressed (and the second
   ones too under ``"rotate"``), and the old bases and moments are kept if the input or the result
   is not finite."""
-  g, ql, qr, sl, sr, firsts, seconds = args
+  g, ql, qr, sl, sr, firsts, seconds = args  # a PieceArgs
   finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in (g, sl, sr, *firsts) if x is not None]))
   clean = jax.tree.map(lambda x: jnp.where(finite, x, jnp.zeros_like(x)), args)
   new_l, new_r, new_seconds, g_rot = refresh(clean)
@@ -82,8 +107,8 @@ def guarded(refresh, args, second_moments: str):
   new_l, new_r, new_firsts, new_seconds = pick((new_l, new_r, new_firsts, new_seconds),
                                                 (ql, qr, firsts, seconds))
   if g_rot is None:  # the gradient in whichever bases are kept: one rotation, not one per outcome
-    return new_l, new_r, new_firsts, new_seconds, rotate_in(g, new_l, new_r)
-  return new_l, new_r, new_firsts, new_seconds, pick(g_rot, rotate_in(g, ql, qr))
+    return Refreshed(new_l, new_r, new_firsts, new_seconds, rotate_in(g, new_l, new_r))
+  return Refreshed(new_l, new_r, new_firsts, new_seconds, pick(g_rot, rotate_in(g, ql, qr)))
 
 
 def _cold(args):
@@ -131,6 +156,7 @@ def rotate_in_stacked(g, ql, qr, precision):
   return jax.vmap(lambda g, ql, qr: rotate_in(g, ql, qr, precision))(g, ql, qr)
 
 
-def keep(args, precision):
+def keep(args: PieceArgs, precision) -> Refreshed:
   """No refresh: the bases and moments as they are, the gradient rotated in (``args`` stacked)."""
-  return args[1], args[2], args[5], args[6], rotate_in_stacked(args[0], args[1], args[2], precision)
+  return Refreshed(args.left, args.right, args.firsts, args.seconds,
+                   rotate_in_stacked(args.g, args.left, args.right, precision))

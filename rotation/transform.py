@@ -45,8 +45,9 @@ inf mixed with finite values), so an inf or NaN at any step, the first included,
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -292,17 +293,30 @@ def _piece_args(items, moments: bool = True) -> tuple[list, list]:
   ``(g, U, V, L, R)`` without ``moments``: the moments are then never cut), and the index of the
   leaf that owns it."""
   args, owners = [], []
-  for n, (plan, pieces, g, firsts, seconds, _, _) in enumerate(items):
-    cdt = compute_dtype(g)
-    cut = lambda x, lay=plan.layout, cdt=cdt: dims.to_pieces(x.astype(cdt), lay)
+  for n, item in enumerate(items):
+    cdt = compute_dtype(item.g)
+    cut = lambda x, lay=item.plan.layout, cdt=cdt: dims.to_pieces(x.astype(cdt), lay)
     up = lambda x, cdt=cdt: None if x is None else x.astype(cdt)
-    gp = cut(g)
-    fp, sp = ([cut(f) for f in firsts], [cut(s) for s in seconds]) if moments else ([], [])
-    for j, piece in enumerate(pieces):
-      args.append((gp[j], up(piece.left), up(piece.right), up(piece.stat_left), up(piece.stat_right))
-                  + ((tuple(f[j] for f in fp), tuple(s[j] for s in sp)) if moments else ()))
+    gp = cut(item.g)
+    fp, sp = ([cut(f) for f in item.firsts], [cut(s) for s in item.seconds]) if moments else ([], [])
+    for j, piece in enumerate(item.pieces):
+      args.append(mx.PieceArgs(gp[j], up(piece.left), up(piece.right), up(piece.stat_left),
+                               up(piece.stat_right), tuple(f[j] for f in fp), tuple(s[j] for s in sp)))
       owners.append(n)
   return args, owners
+
+
+class LeafItem(NamedTuple):
+  """One rotated leaf going into a step: its plan, its pieces' bases and statistics, its gradient,
+  its inner moments and its refresh schedule (period and offset)."""
+
+  plan: Any
+  pieces: Any
+  g: Any
+  firsts: list
+  seconds: list
+  period: Any
+  offset: Any
 
 
 def _schedules(items) -> list:
@@ -310,8 +324,9 @@ def _schedules(items) -> list:
   (a traced period, under ``optax.inject_hyperparams``, by identity)."""
   groups = {}
   for n, item in enumerate(items):
-    key = tuple(x if isinstance(x, int) else id(x) for x in item[5:])
-    groups.setdefault(key, (item[5:], []))[1].append(n)
+    schedule = (item.period, item.offset)
+    key = tuple(x if isinstance(x, int) else id(x) for x in schedule)
+    groups.setdefault(key, (schedule, []))[1].append(n)
   return list(groups.values())
 
 
@@ -347,20 +362,21 @@ def rotate_in_only(items, together: bool, opts: Options) -> list:
   into pieces (and same-shape pieces stacked when ``together``), never the moments."""
   args, owners = _piece_args(items, moments=False)
   stats_of = _statistics_of(opts)
-  done = batched(lambda a: (stats_of(a[0], a[3], a[4]), mx.rotate_in_stacked(*a[:3], opts.precision)),
-                 args, together)
+  done = batched(lambda a: (stats_of(a.g, a.stat_left, a.stat_right),
+                            mx.rotate_in_stacked(a.g, a.left, a.right, opts.precision)), args, together)
   results = []
-  for n, (plan, pieces, g, firsts, seconds, _, _) in enumerate(items):
-    mine, cdt = owned(done, owners, n), compute_dtype(g)
-    results.append((dims.from_pieces([rot for _, rot in mine], plan.layout),
-                    _new_pieces(pieces, [st for st, _ in mine], [(p.left, p.right) for p in pieces], opts),
-                    [f.astype(cdt) for f in firsts], [s.astype(cdt) for s in seconds]))
+  for n, item in enumerate(items):
+    mine, cdt = owned(done, owners, n), compute_dtype(item.g)
+    results.append((dims.from_pieces([rot for _, rot in mine], item.plan.layout),
+                    _new_pieces(item.pieces, [st for st, _ in mine],
+                                [(p.left, p.right) for p in item.pieces], opts),
+                    [f.astype(cdt) for f in item.firsts], [s.astype(cdt) for s in item.seconds]))
   return results
 
 
 def refresh_and_rotate(count, items, together: bool, opts: Options) -> list:
-  """Statistics, refresh and rotation in for every rotated leaf at once. ``items``: per leaf
-  ``(plan, pieces, g, firsts, seconds, period, offset)``. Returns per leaf the rotated gradient
+  """Statistics, refresh and rotation in for every rotated leaf at once. ``items``: a ``LeafItem``
+  per rotated leaf. Returns per leaf the rotated gradient
   (the leaf's layout), the new pieces and the re-expressed moments (compute dtype).
 
   The pieces of all leaves are one list: those of equal shapes run as one stack when
@@ -368,7 +384,8 @@ def refresh_and_rotate(count, items, together: bool, opts: Options) -> list:
   ``lax.switch``, so a model of many small kernels costs a few large ops, not many small ones."""
   args, owners = _piece_args(items)
   stats_of = _statistics_of(opts)
-  with_stats = lambda a: a[:3] + tuple(stats_of(a[0], a[3], a[4])) + a[5:]
+  with_stats = lambda a: a._replace(**dict(zip(("stat_left", "stat_right"),
+                                                stats_of(a.g, a.stat_left, a.stat_right))))
   batched_refresh = jax.default_backend() != "cpu" if opts.batch_refresh is None else opts.batch_refresh
   each = jax.vmap if batched_refresh else (lambda f: lambda a: jax.lax.map(f, a))
   cold = each(lambda a: mx.cold(a, opts))
@@ -385,16 +402,16 @@ def refresh_and_rotate(count, items, together: bool, opts: Options) -> list:
     got = split(jax.lax.switch(_branch(count, period, offset, opts),
                                [lambda st: [keep(x) for x in st], lambda st: [cold(x) for x in st],
                                 lambda st: [warm(x) for x in st]], stacks))
-    for k, o, st in zip(ks, got, split([x[3:5] for x in stacks])):
+    for k, o, st in zip(ks, got, split([(x.stat_left, x.stat_right) for x in stacks])):
       outs[k], stats[k] = o, st
   results = []
-  for n, (plan, pieces, _, firsts, seconds, _, _) in enumerate(items):
+  for n, item in enumerate(items):
     o_n = owned(outs, owners, n)
-    join = lambda parts, lay=plan.layout: dims.from_pieces(parts, lay)
-    results.append((join([o[4] for o in o_n]),
-                    _new_pieces(pieces, owned(stats, owners, n), [o[:2] for o in o_n], opts),
-                    [join([o[2][k] for o in o_n]) for k in range(len(firsts))],
-                    [join([o[3][k] for o in o_n]) for k in range(len(seconds))]))
+    join = lambda parts, lay=item.plan.layout: dims.from_pieces(parts, lay)
+    results.append((join([o.rotated for o in o_n]),
+                    _new_pieces(item.pieces, owned(stats, owners, n), [(o.left, o.right) for o in o_n], opts),
+                    [join([o.firsts[k] for o in o_n]) for k in range(len(item.firsts))],
+                    [join([o.seconds[k] for o in o_n]) for k in range(len(item.seconds))]))
   return results
 
 
@@ -419,8 +436,8 @@ def update(updates, state, inner, opts: Options, weight_dimension_numbers, refre
   new_entries = list(entries)
   idx = [i for i, plan in enumerate(plans) if plan is not None]
   offset = lambda i: plans[i].rank * leaf_periods[i] // n_rotated if opts.stagger else 0
-  items = [(plans[i], entries[i], leaves[i], [values[p][i] for p in first], [values[p][i] for p in second],
-            leaf_periods[i], offset(i)) for i in idx]
+  items = [LeafItem(plans[i], entries[i], leaves[i], [values[p][i] for p in first],
+                    [values[p][i] for p in second], leaf_periods[i], offset(i)) for i in idx]
   # between refreshes (most steps) the moments are neither cut into pieces nor passed through the
   # refresh's switch: one cond picks the plain path unless some leaf refreshes now
   if not items:
@@ -461,6 +478,12 @@ def _rotate_back(leaves, inner_updates, plans, entries, together: bool, opts: Op
       u = dims.from_pieces(owned(rotated_out, owners, n), plan.layout)
     out.append(u.astype(g.dtype))
   return out
+
+
+# The keyword parameters of scale_by_basis_rotation that basis_rotation forwards unchanged (all but
+# ``inner``: the alias's inner is the paper's Adam of b1, b2, eps, eps_root and mu_dtype).
+_ROTATION_OPTIONS = tuple(name for name, p in inspect.signature(scale_by_basis_rotation).parameters.items()
+                          if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 def basis_rotation(
@@ -510,14 +533,10 @@ def basis_rotation(
     The chained ``optax.GradientTransformationExtraArgs``.
   """
   check_learning_rate(learning_rate)
-  options = dict(weight_dimension_numbers=weight_dimension_numbers, source=source, geometry=geometry,
-                 refresh_every=refresh_every, shampoo_beta=shampoo_beta, block_size=block_size,
-                 max_precond_dim=max_precond_dim, precond_dtype=precond_dtype, precision=precision,
-                 first_order_step=first_order_step, stagger=stagger,
-                 orthonormalization=orthonormalization, batch_refresh=batch_refresh,
-                 second_moments=second_moments, ablation=ablation)
+  given = locals()  # every option forwarded by its name: scale_by_basis_rotation's keyword parameters
+  options = {name: given[name] for name in _ROTATION_OPTIONS}
   return optax.chain(
-      scale_by_basis_rotation(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, **options),
+      scale_by_basis_rotation(**options),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
   )

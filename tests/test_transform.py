@@ -585,3 +585,26 @@ def test_a_first_order_source_needs_a_first_moment_only_where_something_is_rotat
   mapped = optax.tree.map_params(adam, lambda v: v, adam.init(jnp.zeros((3, 2))))
   assert jax.tree.structure(mapped) == jax.tree.structure(adam.init(jnp.zeros((3, 2))))
   assert state is not None
+
+
+def test_the_alias_forwards_every_option_by_name_with_the_same_default():
+  """``basis_rotation`` spells its options out (``optax.inject_hyperparams`` sees each) and forwards
+  them by name: every keyword option of ``scale_by_basis_rotation`` is one of its parameters with
+  the same default, and its Adam hyper-parameters keep ``optax.adamw``'s order and defaults."""
+  import inspect
+
+  alias = inspect.signature(rotation.basis_rotation).parameters
+  scale = inspect.signature(rotation.scale_by_basis_rotation).parameters
+  adamw = inspect.signature(optax.adamw).parameters
+  positional = ["learning_rate", "b1", "b2", "eps", "eps_root", "mu_dtype", "weight_decay", "mask"]
+  assert list(alias)[:len(positional)] == positional
+  for name in positional[1:6]:
+    assert alias[name].default == adamw[name].default, name
+  options = [n for n, p in scale.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+  assert set(options) - set(positional) <= set(alias)
+  for name in set(options) - set(positional):
+    assert alias[name].default == scale[name].default, name
+  # forwarded, not dropped: each option reaches the transformation (here an invalid value is refused)
+  for name, bad in (("source", "third"), ("geometry", "diagonal"), ("second_moments", "keep")):
+    with pytest.raises(ValueError, match=name):
+      rotation.basis_rotation(1e-3, **{name: bad})
