@@ -25,7 +25,7 @@ def study_case(method: str = "rotation"):
   _, params = model_lib.init(cfg, seed=0)
   params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
   config = RunConfig(method=method, stages=2, steps=100, lr=1e-2, warmup_steps=0)
-  opt = methods.stage_optimizers(config)[0]
+  opt = methods.run_optimizers(config)[0]
   state = opt.init(params)
   rng = np.random.default_rng(0)
   update = jax.jit(opt.update)

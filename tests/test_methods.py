@@ -16,7 +16,7 @@ P = 4
 
 def _first_update(method, k, kernel=None, **kw):
   config = RunConfig(method=method, stages=P, steps=100, lr=1e-2, warmup_steps=0, **kw)
-  opt = methods.stage_optimizers(config)[k]
+  opt = methods.run_optimizers(config)[k]
   params = {"mlp": {"kernel": jnp.zeros((4, 3))}, "b": jnp.zeros(3)}
   kernel = jnp.full((4, 3), 0.01).at[0, 0].set(0.02) if kernel is None else kernel
   grads = {"mlp": {"kernel": kernel}, "b": jnp.full(3, 0.01)}
@@ -185,7 +185,7 @@ def test_remedy_methods_wire_the_pipelines_prediction_and_wrap_each_stage_in_dc_
   w = {"k": jnp.ones((3, 3))}
   g = {"k": jnp.full((3, 3), 0.5)}
   def update(lam):
-    opt = methods.stage_optimizers(dataclasses.replace(config, dc_lambda=lam))[0]
+    opt = methods.run_optimizers(dataclasses.replace(config, dc_lambda=lam))[0]
     return opt.update(g, opt.init(w), w, stale_params={"k": jnp.full((3, 3), 2.0)})[0]["k"]
   assert np.all(np.sign(update(0.0)) == -np.sign(update(50.0)))  # Adam's first step: the sign flips
 
@@ -223,7 +223,7 @@ def test_rotation_stage_decays_p1_run_is_rotations_in_the_plan_and_in_its_update
   w = {"k": jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)}
   updates = {}
   for m in ("rotation", "rotation-stage-decay"):
-    opt = methods.stage_optimizers(RunConfig(method=m, stages=1, steps=100, lr=1e-2, warmup_steps=0))[0]
+    opt = methods.run_optimizers(RunConfig(method=m, stages=1, steps=100, lr=1e-2, warmup_steps=0))[0]
     state, got = opt.init(w), []
     for i in range(12):  # past the first refreshes
       g = {"k": jnp.sin(w["k"] * (i + 1))}

@@ -559,7 +559,7 @@ def test_warmup_in_delays_and_b2_reach_every_run():
     sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--warmup", "0.1", "--warmup-delays", "2"]))
   with pytest.raises(ValueError, match=r"warmup_steps must be in \[0, steps=40\), got 50"):
     sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--warmup-steps", "50"]))
-  opt = runs.methods.stage_optimizers(c)[0]  # b2 reaches the optimizer: Adam's second moment
+  opt = runs.methods.run_optimizers(c)[0]  # b2 reaches the optimizer: Adam's second moment
   import jax.numpy as jnp
   state = opt.init({"w": jnp.zeros(3)})
   _, state = opt.update({"w": jnp.full(3, 0.1)}, state, {"w": jnp.zeros(3)})  # norm < 1: not clipped

@@ -99,7 +99,7 @@ DC_LAMBDA, DC_DECAY = 1.0, 0.95  # default dc_lambda; the adaptive form's mean-s
 
 BASELINES = ("pipedream", "pipedream-lr", "nesterov")  # the asynchronous baselines of the study
 VARIANTS = ("rotation", "rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni")  # the 2 x 2 taxonomy
-ALLOCATIONS = ("rotation", "rotation-sa", "rotation-sa-reverse")  # uniform, proportional, reverse refresh
+ALLOCATION_METHODS = ("rotation", "rotation-sa", "rotation-sa-reverse")  # uniform, proportional, reverse
 BASES = ("rotation-random", "rotation-frozen", "rotation")  # random, frozen, refreshed bases
 
 
@@ -169,12 +169,12 @@ def check_method(name: str) -> Method:
   return METHODS[name]
 
 
-def stage_optimizers(config) -> list[optax.GradientTransformation]:
+def run_optimizers(config) -> list[optax.GradientTransformation]:
   """One optimizer per stage for ``config`` (an ``experiments.harness.runs.RunConfig``), each behind
   per-stage gradient clipping at ``config.clip_norm``: the method's kind's builder (``BUILDERS``)
   for each stage."""
   method = check_method(config.method)
-  stage = Stage(config, method, learning_rates.warmup_cosine(config),
+  stage = BuildContext(config, method, learning_rates.warmup_cosine(config),
                 ps.stage_delays(config.stages, config.schedule))
   build = BUILDERS[method.kind]
   if method.remedy == "dc":
@@ -192,7 +192,7 @@ def predict_scale(config) -> float | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Stage:
+class BuildContext:
   """What every builder reads: the run's config, its method, its learning-rate schedule and the
   stages' delays."""
 
@@ -210,25 +210,25 @@ class Stage:
     return max(1, int(self.config.pipemare_fraction * self.config.steps))
 
 
-def _adamw(s: Stage, k: int):
+def _adamw(s: BuildContext, k: int):
   own = KIND_CONSTANTS["adamw"]
   return ps.pipedream(s.lr, b1=s.b1(own["b1"]), b2=s.config.b2, weight_decay=s.config.weight_decay)
 
 
-def _pipemare(s: Stage, k: int):
+def _pipemare(s: BuildContext, k: int):
   own = KIND_CONSTANTS["pipemare"]
   return ps.pipedream_lr(s.lr, s.delays[k], s.transition, b1=s.b1(own["b1"]), b2=s.config.b2,
                          weight_decay=s.config.weight_decay)
 
 
-def _nadam(s: Stage, k: int):
+def _nadam(s: BuildContext, k: int):
   own = KIND_CONSTANTS["nadam"]
   b1 = (ps.nesterov_stage_b1(own["stage_b1_base"], s.delays[k], s.config.stages) if s.method.stage_b1
         else own["b1"])
   return ps.nesterov(s.lr, b1=s.b1(b1), b2=s.config.b2, weight_decay=s.config.weight_decay)
 
 
-def _muon(s: Stage, k: int):
+def _muon(s: BuildContext, k: int):
   own, wd = KIND_CONSTANTS["muon"], s.config.weight_decay
   dims = lambda params: jax.tree.map(
       lambda m: optax.contrib.MuonDimensionNumbers() if m else None, model_lib.rotation_mask(params))
@@ -237,7 +237,7 @@ def _muon(s: Stage, k: int):
                             consistent_rms=own["consistent_rms"])
 
 
-def _rotation(s: Stage, k: int):
+def _rotation(s: BuildContext, k: int):
   c, m = s.config, s.method
   periods = rotation.stage_aware_refresh(s.delays, c.refresh_every or m.refresh_every, m.allocation)
   bases = jax.random.fold_in(jax.random.key(c.seed), k) if m.bases == "random" else None
@@ -255,5 +255,5 @@ def _rotation(s: Stage, k: int):
 
 
 # The registry of kinds: a new method is an entry of METHODS (a Method of an existing kind) or a new
-# kind here, ``(Stage, stage index) -> optax.GradientTransformation``.
+# kind here, ``(BuildContext, stage index) -> optax.GradientTransformation``.
 BUILDERS = {"adamw": _adamw, "pipemare": _pipemare, "nadam": _nadam, "muon": _muon, "rotation": _rotation}

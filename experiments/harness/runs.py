@@ -86,7 +86,7 @@ def _staged(config: RunConfig, cfg) -> ps.Staged:
 def pipeline_of(config: RunConfig, cfg, graphdef, params) -> ps.Pipeline:
   """The emulated ``Pipeline`` of a config (``params``: arrays or shapes, for the stage labels)."""
   loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
-  return ps.Pipeline(loss_fn, methods.stage_optimizers(config), model_lib.stage_labels(params, config.stages),
+  return ps.Pipeline(loss_fn, methods.run_optimizers(config), model_lib.stage_labels(params, config.stages),
                      mode=config.mode, staged=_staged(config, cfg) if config.mode == "no_stashing" else None,
                      grad_norms=True, schedule=config.schedule, predict=methods.predict_scale(config))
 
@@ -98,7 +98,7 @@ def build(config: RunConfig, ds: Dataset, devices=None):
   graphdef, params = model_lib.init(cfg, seed=config.seed)
   loss_fn = model_lib.make_loss(graphdef, config.moe_loss_weight, config.dtype)
   if config.execution == "devices":
-    pipe = ps.DevicePipeline(_staged(config, cfg), methods.stage_optimizers(config),
+    pipe = ps.DevicePipeline(_staged(config, cfg), methods.run_optimizers(config),
                              model_lib.stage_labels(params, config.stages), mode=config.mode,
                              mesh=ps.pipeline_mesh(config.stages, devices), schedule=config.schedule)
   else:

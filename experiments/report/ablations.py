@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from experiments.harness.methods import ALLOCATIONS, BASELINES, BASES, VARIANTS
+from experiments.harness.methods import ALLOCATION_METHODS, BASELINES, BASES, VARIANTS
 from experiments.report import metrics, sections
 from experiments.report.claims import (
     Claim,
@@ -65,7 +65,7 @@ def _variants_claims(results, window: int, main_curves: dict) -> list:
 
 def _stage_aware_claims(results, window: int, main_curves: dict) -> list:
   out = []
-  _, rows = stage_aware_rows(curves_by(results), ALLOCATIONS, window)
+  _, rows = stage_aware_rows(curves_by(results), ALLOCATION_METHODS, window)
   why = "an allocation diverged or never reached the target"
   for method, claim, paper, side in (
       ("rotation-sa", "stage-aware (proportional) refresh converges faster than uniform at equal "
@@ -203,7 +203,7 @@ def _no_claims(results, window: int, main_curves: dict) -> list:
 
 
 @dataclasses.dataclass(frozen=True)
-class Ablation:
+class AblationGroup:
   description: str
   runs: Callable  # (make, top) -> list of RunConfigs
   section: Callable  # (ctx, name, results) -> list of report lines
@@ -211,52 +211,52 @@ class Ablation:
 
 
 ABLATIONS = {
-    "variants": Ablation(
+    "variants": AblationGroup(
         "The 2 x 2 taxonomy (source x geometry) at P = 1 and the largest P.",
         lambda make, top: [make(m, p) for m in VARIANTS for p in (1, top)],
         functools.partial(sections.study_section, with_main_baselines=True, show_baselines=False,
                           bars=True),
         _variants_claims),
-    "stage-aware": Ablation(
+    "stage-aware": AblationGroup(
         "Uniform / proportional / reverse basis-refresh allocation at the largest P, equal budget.",
-        lambda make, top: [make(m, top) for m in ALLOCATIONS],
-        functools.partial(sections.stage_aware_section, methods=ALLOCATIONS),
+        lambda make, top: [make(m, top) for m in ALLOCATION_METHODS],
+        functools.partial(sections.stage_aware_section, methods=ALLOCATION_METHODS),
         _stage_aware_claims),
-    "no-stashing": Ablation(
+    "no-stashing": AblationGroup(
         "Baselines and rotation without weight stashing at P = 1 and the largest P.",
         lambda make, top: [make(m, p, mode="no_stashing") for m in BASELINES + ("rotation",)
                            for p in (1, top)],
         functools.partial(sections.study_section, fewer=True),
         _no_stashing_claims),
-    "refresh-period": Ablation(
+    "refresh-period": AblationGroup(
         "Rotation with refresh period 100 against 10, at P = 1 and the largest P.",
         lambda make, top: [make(m, p) for m in ("rotation", "rotation-T100") for p in (1, top)],
         functools.partial(sections.study_section, with_main_baselines=True, bars=True),
         _refresh_period_claims),
-    "bases": Ablation(
+    "bases": AblationGroup(
         "Adam in a random fixed basis, in the eigenbasis frozen after 100 steps, and rotation "
         "(refreshed), at P = 1 and the largest P, beside the coordinate basis (PipeDream's AdamW). "
         "The mechanism predicts slowdowns ordered random > coordinate > frozen >= refreshed.",
         lambda make, top: [make(m, p) for m in BASES for p in (1, top)],
         functools.partial(sections.study_section, with_main_baselines=True, bars=True),
         _bases_claims),
-    "rotation-lr": Ablation(
+    "rotation-lr": AblationGroup(
         "Rotation with PipeDream-LR's per-stage rate correction, at P = 1 and the largest P (the "
         "paper's appendix), beside rotation and the baselines.",
         lambda make, top: [make(m, p) for m in ("rotation", "rotation-lr") for p in (1, top)],
         functools.partial(sections.study_section, with_main_baselines=True, fewer=True)),
-    "muon": Ablation(
+    "muon": AblationGroup(
         "Muon (optax.contrib.muon, RMS-matched to AdamW) under the same staleness, at P = 1 and the "
         "largest P, beside rotation and the baselines (the paper's appendix).",
         lambda make, top: [make(m, p) for m in ("rotation", "muon") for p in (1, top)],
         functools.partial(sections.study_section, with_main_baselines=True, fewer=True)),
-    "nesterov-stage": Ablation(
+    "nesterov-stage": AblationGroup(
         "Without weight stashing: Nesterov with per-stage momentum (b1 from 0.9 at the last stage up "
         "to about 0.99 at the first) against Nesterov's one b1 = 0.99, beside PipeDream.",
         lambda make, top: [make(m, p, mode="no_stashing") for m in ("pipedream", "nesterov", "nesterov-stage")
                            for p in (1, top)],
         functools.partial(sections.study_section, fewer=False)),
-    "width": Ablation(
+    "width": AblationGroup(
         "Widths 32, 64 and 128 at the preset's depth, P = 1 and the largest P, for Nesterov and "
         "rotation: does rotation's robustness grow with size (the paper: 71.6% -> 76.8% -> 81.7% fewer "
         "iterations from 95M to 1B to 3B)?",
@@ -264,12 +264,12 @@ ABLATIONS = {
                            for p in (1, top)],
         functools.partial(sections.size_section, size_of=width_of, label="width"),
         _width_claims),
-    "moe": Ablation(
+    "moe": AblationGroup(
         "The mixture-of-experts model (cpu-moe) at P = 1 and 8.",
         lambda make, top: [make(m, p, model="cpu-moe") for m in BASELINES + ("rotation",) for p in (1, 8)],
         functools.partial(sections.study_section, fewer=True),
         _moe_claims),
-    "scaling": Ablation(
+    "scaling": AblationGroup(
         "Blocks and P grown together (P = blocks = 4, 8, 16) for PipeDream, Nesterov and rotation, "
         "each size with its P = 1 control: is rotation's robustness larger in bigger models?",
         lambda make, top: [make(m, p, num_blocks=b) for b in (4, 8, 16)
@@ -288,10 +288,10 @@ def ablation_claims(groups, window: int, main_curves: dict) -> list[Claim]:
   in ``CLAIM_ORDER`` and then the rest in ``ABLATIONS``' order."""
   order = [n for n in CLAIM_ORDER if n in groups]
   order += [n for n in ABLATIONS if n in groups and n not in CLAIM_ORDER]
-  return [c for n in order for c in check_ablation(n).claims(groups[n], window, main_curves)]
+  return [c for n in order for c in check_group(n).claims(groups[n], window, main_curves)]
 
 
-def check_ablation(name: str) -> Ablation:
+def check_group(name: str) -> AblationGroup:
   if name not in ABLATIONS:
     raise ValueError(f"unknown ablation {name!r}; choose from {sorted(ABLATIONS)}")
   return ABLATIONS[name]

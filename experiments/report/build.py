@@ -204,7 +204,7 @@ def build(source, out=None, methods=None, command: str | None = None, figures: b
     lines += section
   lines += sections.diagnostics_section(ctx, runs)
   for name, results in groups.items():
-    ablation = ablations_lib.check_ablation(name)
+    ablation = ablations_lib.check_group(name)
     lines += [f"## Ablation: {name}", "", ablation.description, ""]
     lines += ablation.section(ctx, name, results)
   plumbing = bool(meta.get("plumbing"))

@@ -70,7 +70,7 @@ def make_plan(args) -> Plan:
     preset = dataclasses.replace(preset, template=dataclasses.replace(
         preset.template, warmup_steps=round(args.warmup_delays * (max(stages) - 1))))
   names = tuple(preset.ablations if args.ablations is None else args.ablations)
-  chosen = [(a, ablations_lib.check_ablation(a)) for a in names]
+  chosen = [(a, ablations_lib.check_group(a)) for a in names]
 
   def make(seed):
     def config(method, p, **kw):
