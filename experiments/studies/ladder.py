@@ -90,11 +90,7 @@ def seed_order(chosen: dict, runs, here: str) -> list:
     if c["steps"] == T and c["seed"] in SEEDS and r.get("status") == "finished":
       held.setdefault(((r.get("host") or {}).get("cpu"), c["seed"]), set()).add(
           (width_of(c), c["method"], c["stages"], c["lr"]))
-  done = {s for (_, s), got in held.items() if need <= got}
-  todo = [s for s in SEEDS if s not in done]
-  mine = [s for s in todo if (here, s) in held]
-  fresh = [s for s in todo if not any(seed == s for _, seed in held)]
-  return mine + fresh or todo[:1]
+  return tuned_rates.order_of_seeds(held, need, SEEDS, here)
 
 
 def sweeps(result: dict, results: str, order=SEEDS) -> list:

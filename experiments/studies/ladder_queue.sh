@@ -24,16 +24,7 @@ study() {  # the ladder over the published folders and this machine's own publis
   (cd "$main" && "$py" -m experiments.studies.ladder "$rel"/tune "$rel"/confirmatory-* "$results"/pub/* "$@")
 }
 
-commit() {  # FOLDER MESSAGE: commits FOLDER alone, within docs/results' budget
-  local bytes
-  bytes=$(git -C "$main" ls-files -z --cached --others --exclude-standard docs/results \
-            | (cd "$main" && xargs -0 stat -c %s) | awk '{s += $1} END {print s}')
-  if [ "$bytes" -ge 2995000 ]; then  # tests/test_readme.py: docs/results under 3,000,000 bytes
-    echo "$(date -u +%T) not committed: docs/results would hold $bytes bytes (budget 3,000,000)"
-    return 1
-  fi
-  git -C "$main" add "$1" && git -C "$main" commit -q -m "$2" -- "$1" || echo "$(date -u +%T) nothing to commit"
-}
+. "$main/experiments/studies/queue_commit.sh"  # commit FOLDER MESSAGE, within the budget
 
 publish() {  # every sweep's finished runs into RESULTS/pub/N, then the report, committed
   (

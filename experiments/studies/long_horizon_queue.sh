@@ -37,17 +37,7 @@ study() {  # tuned_rates over every published stage, this machine's own publishe
      --check "$rel"/t38400-* "$results"/pub/* --confirmatory "$crel"/confirmatory-* "$@")
 }
 
-commit() {  # FOLDER MESSAGE: commits FOLDER (relative to this checkout) alone, within docs/results' budget
-  local bytes
-  # the files a commit would hold, as the test counts them (not those git ignores, e.g. results.csv)
-  bytes=$(git -C "$main" ls-files -z --cached --others --exclude-standard docs/results \
-            | (cd "$main" && xargs -0 stat -c %s) | awk '{s += $1} END {print s}')
-  if [ "$bytes" -ge 1995000 ]; then  # tests/test_readme.py: docs/results under 2,000,000 bytes
-    echo "$(date -u +%T) not committed: docs/results would hold $bytes bytes (budget 2,000,000); make room, then the next publish commits"
-    return 1
-  fi
-  git -C "$main" add "$1" && git -C "$main" commit -q -m "$2" -- "$1" || echo "$(date -u +%T) nothing to commit"
-}
+. "$main/experiments/studies/queue_commit.sh"  # commit FOLDER MESSAGE, within the budget
 
 publish_tuning() {  # every finished stage-2 run of this machine, one folder per rate, then the report
   local rates rate n

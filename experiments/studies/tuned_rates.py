@@ -171,8 +171,15 @@ def seed_order(chosen: dict, runs, here: str) -> list:
     if c["steps"] == CHECK_T and r.get("status") == "finished":
       key = ((r.get("host") or {}).get("cpu"), c["seed"])
       held.setdefault(key, set()).add((c["method"], c["stages"], c["lr"]))
+  return order_of_seeds(held, need, CONFIRMATORY_SEEDS, here)
+
+
+def order_of_seeds(held: dict, need: set, seeds, here: str) -> list:
+  """Amendment 9's order, from ``held`` (``{(CPU, seed): what its finished runs hold}``) and ``need``
+  (what a complete seed holds): the unfinished ``seeds`` started on ``here``, then those started
+  nowhere; only when every unfinished seed was started elsewhere, the lowest of them."""
   done = {s for (_, s), got in held.items() if need <= got}
-  todo = [s for s in CONFIRMATORY_SEEDS if s not in done]
+  todo = [s for s in seeds if s not in done]
   mine = [s for s in todo if (here, s) in held]
   fresh = [s for s in todo if not any(seed == s for _, seed in held)]
   return mine + fresh or todo[:1]
