@@ -1,4 +1,4 @@
-"""tests/quiet_shutdown.py: an xdist worker whose end of session is slow (here 8 s of garbage
+"""tests/quiet_shutdown.py: an xdist worker whose end of session is slow (here up to 12 s of garbage
 collection through a slow callback, as jax's is under load) is sent SIGINT by execnet after 5 s;
 without the hook the KeyboardInterrupt surfaces as a traceback after the results, with it none."""
 
@@ -13,16 +13,22 @@ import gc
 import time
 {hook}
 
+interrupted = []
+
 
 def _slow_callback(*args):
-  time.sleep(0.05)
+  try:
+    time.sleep(0.5)  # nearly all of the worker's time is spent here, as in jax's callback under load
+  except KeyboardInterrupt:
+    interrupted.append(True)
+    raise
 
 
 def pytest_unconfigure(config):
   if hasattr(config, "workerinput"):
     gc.callbacks.append(_slow_callback)
-    end = time.time() + 8
-    while time.time() < end:
+    end = time.time() + 12  # past execnet's 5 s, before its os._exit 10 s later
+    while time.time() < end and not interrupted:
       gc.collect()
 """
 
