@@ -41,6 +41,12 @@ def check_decay(name: str, value) -> None:
     raise ValueError(f"{name} must be in [0, 1), got {value!r}")
 
 
+def statistics_decay(shampoo_beta, b2):
+  """The decay of the ``L``, ``R`` statistics: ``shampoo_beta``, or ``b2`` where it is ``None`` (the
+  one place this default is resolved; the study's code calls it too)."""
+  return b2 if shampoo_beta is None else shampoo_beta
+
+
 def check_learning_rate(value) -> None:
   """A learning rate is a real scalar or a schedule (a callable of the step)."""
   if not callable(value):
@@ -152,6 +158,6 @@ def resolve(*, source, geometry, refresh_every, b1, b2, eps, shampoo_beta, block
   if source == "first" and custom_inner and b1 is None:
     raise ValueError("source='first' with a given inner needs b1= (the look-ahead weight: the inner "
                      "optimizer's first-moment decay)")
-  return Options(source, geometry, 0.9 if b1 is None else b1, b2 if shampoo_beta is None else shampoo_beta,
+  return Options(source, geometry, 0.9 if b1 is None else b1, statistics_decay(shampoo_beta, b2),
                  precision, precond_dtype, orthonormalization, first_order_step, second_moments,
                  batch_refresh, block_size, max_precond_dim, freeze_after, stagger, fixed)

@@ -96,3 +96,29 @@ def test_an_inner_state_field_that_cannot_follow_the_basis_is_refused_by_name():
   with pytest.raises(ValueError, match=r"inner state field\(s\) \['velocity'\] \(velocity\)"):
     rotation.scale_by_basis_rotation(optax.GradientTransformation(init, update)).init(
         {"w": jnp.zeros((3, 3)), "b": jnp.zeros(3)})
+
+
+def test_the_statistics_decay_is_resolved_and_its_range_checked_in_one_place():
+  """``None`` means ``b2`` (``options.statistics_decay``) for the library and the study alike, and
+  a run config's decay is refused outside the library's own range, [0, 1)."""
+  import dataclasses
+
+  from experiments.harness import methods
+  from experiments.harness.config import RunConfig
+  from experiments.studies import lag
+  from rotation.options import resolve, statistics_decay
+
+  assert statistics_decay(None, 0.99) == 0.99 and statistics_decay(0.95, 0.99) == 0.95
+  assert lag.decay_of({"shampoo_beta": None, "b2": 0.99}) == 0.99
+  kwargs = dict(source="second", geometry="bilateral", refresh_every=10, b1=None, eps=1e-8, block_size=None,
+                max_precond_dim=None, precond_dtype=None, precision=None, first_order_step="paper",
+                stagger=False, orthonormalization="qr", batch_refresh=None, fixed=False, freeze_after=None,
+                second_moments="permute", custom_inner=False)
+  assert resolve(b2=0.98, shampoo_beta=None, **kwargs).shampoo_beta == 0.98
+  config = RunConfig(method="rotation", shampoo_beta=0.0)
+  config.validate()  # no memory: allowed, as the library allows it
+  with pytest.raises(ValueError, match=r"shampoo_beta must be in \[0, 1\), got 1"):
+    dataclasses.replace(config, shampoo_beta=1.0).validate()
+  # rotation-stage-decay's per-stage decays start from the same resolution (b2 here)
+  stage = RunConfig(method="rotation-stage-decay", stages=4, b2=0.99, steps=100, warmup_steps=0)
+  assert len(methods.run_optimizers(stage)) == 4

@@ -15,6 +15,7 @@ import pipeline_sim as ps
 from experiments.harness import data as data_lib
 from experiments.harness import methods
 from experiments.harness import model as model_lib
+from rotation.options import check_decay
 
 EXECUTIONS = ("emulated", "devices")
 NAME = "name"  # a RunConfig field's metadata key: its format in the run's name
@@ -218,8 +219,8 @@ class RunConfig:
       raise ValueError(f"b2 must be in (0, 1), got {self.b2}")
     if self.b1 is not None and not 0 <= self.b1 < 1:
       raise ValueError(f"b1 must be in [0, 1), got {self.b1}")
-    if self.shampoo_beta is not None and not 0 < self.shampoo_beta < 1:
-      raise ValueError(f"shampoo_beta must be in (0, 1), got {self.shampoo_beta}")
+    if self.shampoo_beta is not None:
+      check_decay("shampoo_beta", self.shampoo_beta)  # the library's range, [0, 1)
     if self.shampoo_beta is not None and methods.check_method(self.method).kind != "rotation":
       raise ValueError(f"shampoo_beta is the decay of rotation's statistics; method {self.method!r} "
                        "has none")

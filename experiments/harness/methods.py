@@ -14,6 +14,7 @@ import pipeline_sim as ps
 import rotation
 from experiments.harness import learning_rates
 from experiments.harness import model as model_lib
+from rotation.options import statistics_decay
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,8 +244,8 @@ def _rotation(s: BuildContext, k: int):
   bases = jax.random.fold_in(jax.random.key(c.seed), k) if m.bases == "random" else None
   rate = ps.pipemare_lr_schedule(s.lr, s.delays[k], s.transition) if m.stage_lr else s.lr
   shampoo_beta = m.shampoo_beta if c.shampoo_beta is None else c.shampoo_beta
-  if m.memory == "stage":  # a number per stage: the library's "None means b2" resolved here too
-    shampoo_beta = rotation.stage_aware_decay(s.delays, c.b2 if shampoo_beta is None else shampoo_beta)[k]
+  if m.memory == "stage":  # a number per stage, from the library's own resolution of the default
+    shampoo_beta = rotation.stage_aware_decay(s.delays, statistics_decay(shampoo_beta, c.b2))[k]
   own = KIND_CONSTANTS["rotation"]
   return rotation.basis_rotation(rate, b1=s.b1(own["b1"]), b2=c.b2, shampoo_beta=shampoo_beta,
                                  weight_decay=c.weight_decay, source=m.source, geometry=m.geometry,

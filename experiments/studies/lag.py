@@ -32,13 +32,14 @@ from experiments import cli
 from experiments.report import claims, curves, metrics, plots
 from experiments.report.tables import curves_by, seed_tables
 from experiments.studies import write_summary
+from rotation.options import statistics_decay
 
 REFERENCE = 0.999  # the paper's decay (b2)
 
 
 def decay_of(config) -> float:
   """A run's statistics decay (``shampoo_beta``; ``None`` follows ``b2``)."""
-  return float(config["shampoo_beta"] if config.get("shampoo_beta") is not None else config["b2"])
+  return float(statistics_decay(config.get("shampoo_beta"), config["b2"]))
 
 
 def rotation_runs(sources) -> tuple[dict, list]:
