@@ -21,8 +21,17 @@ EXECUTIONS = ("emulated", "devices")
 NAME = "name"  # a RunConfig field's metadata key: its format in the run's name
 
 
-def _named(fmt: str, default=None):
-  return dataclasses.field(default=default, metadata={NAME: fmt})
+LATER = "added_later"  # a field's metadata key: an option added after runs were recorded (OPTIONAL_FIELDS)
+
+
+def _named(fmt: str, default=None, later: bool = True):
+  """A field that names a run (``NAME``: its format); ``later``: added after runs were recorded."""
+  return dataclasses.field(default=default, metadata={NAME: fmt, LATER: later})
+
+
+def _later(default):
+  """A field added after runs were recorded that does not name a run."""
+  return dataclasses.field(default=default, metadata={LATER: True})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +110,8 @@ class RunConfig:
   model: str = "cpu-deep"
   # The fields that name a run (``name``), in the order they appear in it: each one's ``NAME``
   # format is written when it differs from its default (a format without ``{}`` marks the setting).
-  num_blocks: int | None = _named("-B{}")
-  context: int | None = _named("-C{}")
+  num_blocks: int | None = _named("-B{}", later=False)
+  context: int | None = _named("-C{}", later=False)
   width: int | None = _named("-W{}")
   dtype: str = _named("-bf16", "float32")
   execution: str = _named("-devices", "emulated")
@@ -134,7 +143,7 @@ class RunConfig:
   eval_batches: int = 4
   checkpoint_every: int = 250
   tag: str = ""
-  diagnose_steps: int = 16
+  diagnose_steps: int = _later(16)
 
   @property
   def name(self) -> str:
@@ -236,13 +245,10 @@ class RunConfig:
                          f"{self.diagnose_steps})")
 
 
-# Options added after runs were recorded, left out of the identity while at the value that means
-# "not used", so that adding an option never invalidates finished runs that do not use it.
-OPTIONAL_FIELDS = {"dtype": "float32", "execution": "emulated", "fsdp": False, "warmup_steps": None,
-                   "b2": 0.999, "diagnose_every": None, "diagnose_steps": 16, "width": None,
-                   "remat": None, "loss_chunk": None, "schedule": "1f1b",
-                   "b1": None, "shampoo_beta": None, "predict_scale": None, "dc_lambda": None,
-                   "sampling": "random"}
+# Options added after runs were recorded (``LATER`` in a field's metadata), left out of the identity
+# while at their default, the value that means "not used", so that adding an option never
+# invalidates finished runs that do not use it. A new option: a field with ``_named`` or ``_later``.
+OPTIONAL_FIELDS = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.metadata.get(LATER)}
 
 
 # The model's numerics, part of every run's identity: 1 for runs made with the model's own einsum
