@@ -159,3 +159,18 @@ def test_a_queue_refuses_a_cpu_known_by_its_name_with_another_family_or_model(tm
   monkeypatch.setattr(provenance, "cpu_type", lambda: {"cpu": "Some CPU", "family": 6, "model": 143})
   with pytest.raises(ValueError, match="refused: .*model': 143.* is not the .*model': 167"):
     ladder.main(["--register-cpu", str(path)])
+
+
+def test_a_widths_tuning_counts_on_one_cpu_type():
+  """A width whose tuning runs span two CPU types is decided by the type that holds all of it; while
+  none does, by the queue's own type, whose missing runs are asked for (amendment 10's clarification)."""
+  runs = _tuning_runs(widths=(64,))
+  moved = [dict(r, host={"cpu": "cpu B", "cores": 2}) for r in runs if r["config"]["lr"] == 1e-2]
+  kept = [r for r in runs if r["config"]["lr"] != 1e-2]
+  mixed = ladder.tuning(kept + moved, here="cpu A")
+  assert mixed["cpus"][64] == "cpu A" and mixed["widths"][64]["rotation"]["stage1"]["todo"] == [1e-2]
+  assert ladder.tuning(kept + moved, here="cpu B")["widths"][64]["rotation"]["stage1"]["todo"] == [
+      1e-3, 2e-3, 3e-3, 6e-3]
+  whole = ladder.tuning(runs + moved, here="cpu B")  # cpu A holds all of width 64: it decides
+  assert whole["cpus"][64] == "cpu A"
+  assert whole["widths"][64]["rotation"]["stage1"]["chosen"] == {1: 2e-3, 16: 2e-3}

@@ -60,24 +60,46 @@ def width_of(config: dict) -> int:
   return config.get("width") or 32  # cpu-deep's own width is stored as None
 
 
-def tuning(runs) -> dict:
-  """The rate rule: ``{"widths": {w: {method: {"stage1", "stage2"}}}, "chosen": {w: {method: {P:
-  rate}}} or None}`` (``stage2``: the full-``T`` check, at ``CHECK_WIDTH`` only)."""
+def _width_tuning(runs, w: int) -> tuple[dict, dict]:
+  """One width's rate rule over ``runs`` (its tuning runs on one CPU type): ``({method: {"stage1",
+  "stage2"}}, {method: {P: rate}} of the methods decided)``."""
+  grid, check = tuned_rates.cells(runs, TUNE_T), tuned_rates.cells(runs, T)
   per, chosen = {}, {}
+  for m in METHODS:
+    first = tuned_rates.stage_one(grid, m, seeds=(TUNING_SEED,))
+    second = (tuned_rates.stage_two(check, m, first, seed=TUNING_SEED, steps=T)
+              if w == CHECK_WIDTH and first["chosen"] else None)
+    per[m] = {"stage1": first, "stage2": second}
+    decided = (second or {}).get("chosen") if w == CHECK_WIDTH else first["chosen"]
+    if decided:
+      chosen[m] = decided
+  return per, chosen
+
+
+def tuning(runs, here: str | None = None) -> dict:
+  """The rate rule: ``{"widths": {w: {method: {"stage1", "stage2"}}}, "chosen": {w: {method: {P:
+  rate}}} or None, "cpus": {w: the CPU type whose runs decide it}}`` (``stage2``: the full-``T``
+  check, at ``CHECK_WIDTH`` only). A width's tuning counts on one CPU type (amendment 10's
+  clarification, as amendment 9 for the long horizon's stage 2): the type that holds all of it;
+  while none does, ``here`` (the type a queue trains on; default: the type with the most of the
+  width's runs), whose missing runs are the ones asked for."""
+  per, chosen, cpus = {}, {}, {}
   for w in WIDTHS:
     mine = [r for r in runs if width_of(r["config"]) == w and r["config"]["seed"] == TUNING_SEED]
-    grid, check = tuned_rates.cells(mine, TUNE_T), tuned_rates.cells(mine, T)
-    per[w] = {}
-    for m in METHODS:
-      first = tuned_rates.stage_one(grid, m, seeds=(TUNING_SEED,))
-      second = (tuned_rates.stage_two(check, m, first, seed=TUNING_SEED, steps=T)
-                if w == CHECK_WIDTH and first["chosen"] else None)
-      per[w][m] = {"stage1": first, "stage2": second}
-      decided = (second or {}).get("chosen") if w == CHECK_WIDTH else first["chosen"]
-      if decided:
-        chosen.setdefault(w, {})[m] = decided
-  complete = all(len(chosen.get(w, {})) == len(METHODS) for w in WIDTHS)
-  return {"widths": per, "chosen": chosen if complete else None}
+    by_cpu = {}
+    for r in mine:
+      by_cpu.setdefault((r.get("host") or {}).get("cpu"), []).append(r)
+    results = {cpu: _width_tuning(held, w) for cpu, held in by_cpu.items()}
+    complete = [cpu for cpu, (_, got) in results.items() if len(got) == len(METHODS)]
+    if len(complete) > 1:
+      raise ValueError(f"width {w}'s tuning is complete on {complete}: it counts on one CPU type")
+    busiest = max(by_cpu, key=lambda cpu: len(by_cpu[cpu]), default=None)
+    cpus[w] = complete[0] if complete else here if here is not None else busiest
+    per[w], got = results.get(cpus[w]) or _width_tuning([], w)
+    if got:
+      chosen[w] = got
+  done = all(len(chosen.get(w, {})) == len(METHODS) for w in WIDTHS)
+  return {"widths": per, "chosen": chosen if done else None, "cpus": cpus}
 
 
 def seed_order(chosen: dict, runs, here: str) -> list:
@@ -355,8 +377,8 @@ def main(argv=None) -> dict:
     return {}
   sources = [s for s in args.sources if (pathlib.Path(s) / curves.FILE).exists() or s.endswith(curves.FILE)]
   everything = [r for s in sources for r in curves.read(s)["runs"]] if sources else []
-  tune = tuning([r for r in everything if r["config"]["seed"] == TUNING_SEED])
   here = args.cpu or provenance.host()["cpu"]
+  tune = tuning([r for r in everything if r["config"]["seed"] == TUNING_SEED], here)
   order = seed_order(tune["chosen"], everything, here) if tune["chosen"] else SEEDS
   result = (study(everything, tune["chosen"], WINDOW) if tune["chosen"] else
             {"seeds": {}, "left_out": {}, "claims": [], "decided": [], "gains": {}})
