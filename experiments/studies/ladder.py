@@ -301,6 +301,8 @@ def report(result: dict, tune: dict, commands: list, command: str, hosts, desc: 
            f"- widths {', '.join(map(str, WIDTHS))} at 16 blocks, P = 1 and {TOP} (1F1B, weight stashing), "
            f"T = {T:,}, the whole standard library seen once; tuning on seed {TUNING_SEED} at {TUNE_T:,} "
            f"steps (width {CHECK_WIDTH} checked at {T:,}); confirmatory seeds {SEEDS[0]}-{SEEDS[-1]}",
+           "- each width's tuning counted on: " + ", ".join(f"{w}: {cpu or 'no run yet'}"
+                                                            for w, cpu in tune["cpus"].items()),
            "- seeds counted: " + (", ".join(map(str, result["seeds"])) or "none yet")
            + ("; left out: " + "; ".join(f"{s}: {w}" for s, w in result["left_out"].items())
               if result["left_out"] else ""), "", "## The rates", ""]
@@ -398,6 +400,7 @@ def main(argv=None) -> dict:
     figure(desc, out / "ladder.png")
   (out / "report.md").write_text(report(result, tune, commands, command, hosts, desc))
   summary = {"command": command, "hosts": hosts, "chosen": tune["chosen"], "tuning": tune["widths"],
+             "tuning_cpus": {str(w): cpu for w, cpu in tune["cpus"].items()},
              "sweeps_to_run": commands,
              "seeds": {str(s): r for s, r in result["seeds"].items()},
              "left_out": {str(s): w for s, w in result["left_out"].items()}, "claims": result["claims"],
