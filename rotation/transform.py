@@ -386,6 +386,8 @@ def refresh_and_rotate(count, items, together: bool, opts: Options) -> list:
   stats_of = _statistics_of(opts)
   with_stats = lambda a: a._replace(**dict(zip(("stat_left", "stat_right"),
                                                 stats_of(a.g, a.stat_left, a.stat_right))))
+  # resolved here, not in ``resolve``: building a transformation must not start JAX's backend (a
+  # multi-host program calls jax.distributed.initialize first)
   batched_refresh = jax.default_backend() != "cpu" if opts.batch_refresh is None else opts.batch_refresh
   each = jax.vmap if batched_refresh else (lambda f: lambda a: jax.lax.map(f, a))
   cold = each(lambda a: mx.cold(a, opts))
