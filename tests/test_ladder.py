@@ -146,6 +146,15 @@ def test_the_study_rebuilds_from_the_folders_it_writes(tmp_path):
   curves.write(split / curves.FILE, {"window": 60, "command": "c"}, tuning_runs)
   both = ladder.main(folders + [str(split), "--out", str(tmp_path / "both"), "--cpu", "cpu A"])
   assert [c["verdict"] for c in both["claims"]] == [c["verdict"] for c in first["claims"]]
+  # the check's sweeps publish with another smoothing window than the 1,200-step tuning's
+  check = tmp_path / "check-only"
+  check.mkdir()
+  curves.write(check / curves.FILE, {"window": 240, "command": "d"},
+               [r for r in tuning_runs if r["config"]["steps"] == ladder.T])
+  mixed = ladder.main(folders + [str(split), str(check), "--out", str(tmp_path / "mixed"),
+                       "--cpu", "cpu A"])
+  assert mixed["claims"]
+  assert [c["verdict"] for c in mixed["claims"]] == [c["verdict"] for c in first["claims"]]
 
 
 def test_a_queue_refuses_a_cpu_known_by_its_name_with_another_family_or_model(tmp_path, monkeypatch, capsys):

@@ -412,29 +412,43 @@ def main(argv=None) -> dict:
   return result
 
 
+def _gather(sources: list, keep, block: int, cpu=None) -> tuple[dict, list]:
+  """``(meta, runs)``: the runs of ``sources`` that ``keep`` holds for (and, with ``cpu``, trained on
+  it), each as ``block``-step block means and once (a run held twice, published as block means and
+  in a queue's full copy, is the same run: compacting it twice gives the same means). The sources
+  may smooth with other windows (1,200- and 4,800-step runs): the analysis reads each run's own
+  losses, and the meta records every sweep."""
+  meta, runs, sweeps = None, {}, []
+  for source in sources:
+    data = curves.read(source)
+    meta = meta or dict(data["meta"])
+    sweeps += [c for c in data["meta"].get("sweeps", [data["meta"].get("command")]) if c not in sweeps]
+    for r in data["runs"]:
+      if keep(r) and (cpu is None or (r.get("host") or {}).get("cpu") == cpu):
+        runs.setdefault((r.get("group"), r["name"]), curves.compact(r, block))
+  return {**(meta or {}), "sweeps": sweeps}, list(runs.values())
+
+
 def _write_curves(out: pathlib.Path, sources: list, chosen) -> list:
-  """Writes the runs of ``sources`` into ``OUT/tune`` (the tuning seed's, 100-step block means) and
-  per CPU type ``OUT/confirmatory-<cpu>`` (the others, 10-step block means); returns the folders
-  written. A source holds one kind or the other (a sweep's publish, or a folder written here), so
-  a run held twice is compared at its kind's resolution."""
+  """Writes the runs of ``sources`` into ``OUT/tune`` (the tuning seed's, its 1,200-step grid and
+  the 4,800-step check, 100-step block means) and per CPU type ``OUT/confirmatory-<cpu>`` (the
+  others, 10-step block means); returns the folders written."""
   if not sources:
     return []
   tuning_run = lambda r: r["config"]["seed"] == TUNING_SEED
-  kinds = {s: {tuning_run(r) for r in curves.read(s)["runs"]} for s in sources}
   written = []
-  tune = [s for s, k in kinds.items() if True in k]
-  if tune:
-    merged = curves.merge(tune, block=lr_grid.BLOCK)
+  meta, runs = _gather(sources, tuning_run, lr_grid.BLOCK)
+  if runs:
     (out / "tune").mkdir(exist_ok=True)
-    curves.write(out / "tune" / curves.FILE, merged["meta"], [r for r in merged["runs"] if tuning_run(r)])
+    curves.write(out / "tune" / curves.FILE, meta, runs)
     written.append(str(out / "tune"))
-  confirmatory = [s for s, k in kinds.items() if False in k]
-  for cpu in curves.cpus_of(confirmatory):
-    m = curves.merge(confirmatory, block=BLOCK, cpu=cpu)
-    folder = out / f"confirmatory-{tuned_rates.slug(cpu)}"
-    folder.mkdir(exist_ok=True)
-    curves.write(folder / curves.FILE, m["meta"], [r for r in m["runs"] if not tuning_run(r)])
-    written.append(str(folder))
+  for cpu in curves.cpus_of(sources):
+    meta, runs = _gather(sources, lambda r: not tuning_run(r), BLOCK, cpu)
+    if runs:
+      folder = out / f"confirmatory-{tuned_rates.slug(cpu)}"
+      folder.mkdir(exist_ok=True)
+      curves.write(folder / curves.FILE, meta, runs)
+      written.append(str(folder))
   return written
 
 
