@@ -41,7 +41,7 @@ from experiments import cli
 from experiments.harness import provenance
 from experiments.report import claims, curves, metrics
 from experiments.report.tables import curve_of
-from experiments.studies import lr_grid, tuned_rates, write_summary
+from experiments.studies import lr_grid, out_folder, tuned_rates, write_summary
 
 WIDTHS = (32, 64, 128)
 METHODS = ("pipedream", "nesterov", "rotation", "muon")
@@ -385,13 +385,9 @@ def main(argv=None) -> dict:
   result = (study(everything, tune["chosen"], WINDOW) if tune["chosen"] else
             {"seeds": {}, "left_out": {}, "claims": [], "decided": [], "gains": {}})
   commands = sweeps(tune, args.results, order)
-  if args.next:
-    print("\n".join(commands))
+  out = out_folder(args, commands)
+  if out is None:
     return result
-  if not args.out:
-    raise ValueError("give --out (or --next)")
-  out = pathlib.Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
   folders = _write_curves(out, sources, tune["chosen"])
   command = f"python -m experiments.studies.ladder {' '.join(folders)} --cpu '{here}' --out {out}"
   desc = descriptive(result["seeds"])

@@ -10,12 +10,7 @@
 # sweep at a time; a watcher beside it publishes every finished run into docs/results/ladder,
 # rebuilds the report and commits it, so a lost machine loses only unfinished runs (on a new
 # machine, `--restore-from` skips what is published). It stops where a sweep fails.
-set -uo pipefail
-shopt -s nullglob
-main=$(cd "$(dirname "$0")/../.." && pwd)
-frozen=$(cd "$1" && pwd)
-results=$(mkdir -p "$2" && cd "$2" && pwd)
-py=${PYTHON:-python}
+. "$(dirname "$0")/queue_lib.sh" "$@"  # main, frozen, results, py; commit FOLDER MESSAGE
 rel=docs/results/ladder  # relative, so that the report's "made by" line holds on any clone
 pub=$main/$rel
 touch "$results/commands" "$results/done"
@@ -24,7 +19,6 @@ study() {  # the ladder over the published folders and this machine's own publis
   (cd "$main" && "$py" -m experiments.studies.ladder "$rel"/tune "$rel"/confirmatory-* "$results"/pub/* "$@")
 }
 
-. "$main/experiments/studies/queue_commit.sh"  # commit FOLDER MESSAGE, within the budget
 
 publish() {  # every sweep's finished runs into RESULTS/pub/N, then the report, committed
   (

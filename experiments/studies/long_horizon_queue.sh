@@ -17,12 +17,7 @@
 # `--restore-from` skips what is published. It refuses to train on a CPU whose name is known with
 # another family or model (amendment 9: a type is name, family and model; the records keep the
 # name only), and stops where a sweep fails or a seed cannot be completed (a diverged run).
-set -uo pipefail
-shopt -s nullglob
-main=$(cd "$(dirname "$0")/../.." && pwd)
-frozen=$(cd "$1" && pwd)
-results=$(mkdir -p "$2" && cd "$2" && pwd)
-py=${PYTHON:-python}
+. "$(dirname "$0")/queue_lib.sh" "$@"  # main, frozen, results, py; commit FOLDER MESSAGE
 rel=docs/results/long-horizon-tuning  # relative, so that the reports' "made by" lines hold on any clone
 pub=$main/$rel
 crel=docs/results/long-horizon
@@ -37,7 +32,6 @@ study() {  # tuned_rates over every published stage, this machine's own publishe
      --check "$rel"/t38400-* "$results"/pub/* --confirmatory "$crel"/confirmatory-* "$@")
 }
 
-. "$main/experiments/studies/queue_commit.sh"  # commit FOLDER MESSAGE, within the budget
 
 publish_tuning() {  # every finished stage-2 run of this machine, one folder per rate, then the report
   local rates rate n

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import re
 
 from experiments import cli
 from experiments.harness import provenance
 from experiments.report import curves
-from experiments.studies import lr_grid, write_summary
+from experiments.studies import lr_grid, out_folder, write_summary
 
 GRID = (1e-3, 2e-3, 3e-3, 6e-3, 1e-2)  # the protocol's grid
 METHODS = ("pipedream", "nesterov", "rotation", "muon")
@@ -283,13 +282,9 @@ def main(argv=None) -> dict:
   done = [r for f in args.confirmatory for r in curves.read(f)["runs"]]
   order = seed_order(result["chosen"], done, here) if result["chosen"] else CONFIRMATORY_SEEDS
   commands = sweeps(result, args.results, order)
-  if args.next:
-    print("\n".join(commands))
+  out = out_folder(args, commands)
+  if out is None:
     return result
-  if not args.out:
-    raise ValueError("give --out (or --next)")
-  out = pathlib.Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
   folders = {f"t{GRID_T}": grid} | {f"t{CHECK_T}-{slug(cpu)}": m for cpu, m in checks.items()}
   folders = {name: m for name, m in folders.items() if m}
   checked = [f"{out}/{name}" for name in folders if name != f"t{GRID_T}"]

@@ -1,7 +1,14 @@
-# Sourced by the study queues (ladder_queue.sh, long_horizon_queue.sh): `commit FOLDER MESSAGE`
-# commits FOLDER (relative to the checkout "$main") alone, while docs/results stays within the
+# Sourced first by the study queues (ladder_queue.sh, long_horizon_queue.sh) with their arguments
+# FROZEN RESULTS: sets main (this checkout), frozen, results and py, and defines `commit FOLDER
+# MESSAGE`, which commits FOLDER (relative to "$main") alone while docs/results stays within the
 # budget tests/test_readme.py keeps (the files a commit would hold, as the test counts them: not
 # those git ignores, e.g. results.csv).
+set -uo pipefail
+shopt -s nullglob
+main=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+frozen=$(cd "$1" && pwd)
+results=$(mkdir -p "$2" && cd "$2" && pwd)
+py=${PYTHON:-python}
 BUDGET=3000000
 
 commit() {
