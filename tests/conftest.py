@@ -42,6 +42,18 @@ from quiet_shutdown import pytest_sessionfinish  # noqa: E402, F401 - a hook, by
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture
+def sigint_from_a_terminal():
+  """The subprocesses a test starts get SIGINT at its default, as from a terminal. A suite run as a
+  shell's background job (``pytest &``, as CI runs it) ignores SIGINT, and an ignored signal stays
+  ignored across exec; a Python handler is reset to the default there."""
+  import signal
+
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="session")
 def forced_devices():
   """``run(script, n)``: runs a Python script in a subprocess with n forced CPU devices (the device

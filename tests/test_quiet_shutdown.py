@@ -46,7 +46,7 @@ def pytest_unconfigure(config):
 
 
 @pytest.mark.parametrize("hooked", [True, False])
-def test_a_workers_session_end_keeps_sigint_away(tmp_path, hooked):
+def test_a_workers_session_end_keeps_sigint_away(tmp_path, hooked, sigint_from_a_terminal):
   hook = "from quiet_shutdown import pytest_sessionfinish  # noqa: F401" if hooked else ""
   (tmp_path / "conftest.py").write_text(CONFTEST.format(hook=hook, slow=hooked))
   (tmp_path / "test_one.py").write_text("def test_one():\n  assert 1 + 1 == 2\n")

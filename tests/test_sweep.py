@@ -404,7 +404,7 @@ def test_a_runs_plain_progress_says_where_it_starts_resumes_and_each_tenth(monke
   assert [line.split("step ")[1] for line in lines[1:]] == [f"{n}/1000" for n in crossed]
 
 
-def test_ctrl_c_during_compilation_exits_cleanly(tmp_path):
+def test_ctrl_c_during_compilation_exits_cleanly(tmp_path, sigint_from_a_terminal):
   """A real SIGINT while the first run compiles: exit 130 and the one line, never a crash."""
   import os
   import signal
@@ -413,17 +413,10 @@ def test_ctrl_c_during_compilation_exits_cleanly(tmp_path):
   import time
 
   env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-  # The sweep starts with SIGINT at its default, as from a terminal: a test run as a shell's
-  # background job (``pytest &``) ignores SIGINT, an ignored signal stays ignored across exec, and
-  # the sweep would never see this one. A Python handler is reset to the default across exec.
-  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-  try:
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", "--preset", "smoke", "--methods",
-                             "rotation", "--stages", "4", "--out", str(tmp_path / "c")],
-                            cwd=pathlib.Path(sweep.__file__).parents[2], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  finally:
-    signal.signal(signal.SIGINT, previous)
+  proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", "--preset", "smoke", "--methods",
+                           "rotation", "--stages", "4", "--out", str(tmp_path / "c")],
+                          cwd=pathlib.Path(sweep.__file__).parents[2], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   line = ""
   while "sweep 'smoke'" not in line:  # the plan is printed right before the first compilation
     line = proc.stdout.readline()
@@ -518,7 +511,7 @@ def test_a_ctrl_c_while_a_worker_starts_is_dropped_not_raised():
   assert proc.stdout.split() == ["put", "error", "returned"]
 
 
-def test_ctrl_c_to_the_whole_process_group_mid_run_is_one_line(tmp_path):
+def test_ctrl_c_to_the_whole_process_group_mid_run_is_one_line(tmp_path, sigint_from_a_terminal):
   """A terminal's Ctrl-C reaches the sweep and every worker at once: exit 130, the one line, no
   traceback from any process, no worker left."""
   import os
@@ -527,15 +520,11 @@ def test_ctrl_c_to_the_whole_process_group_mid_run_is_one_line(tmp_path):
   import sys
   import time
 
-  previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (see above)
-  try:
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", "--preset", "smoke", "--methods",
-                             "pipedream", "rotation", "--stages", "4", "--jobs", "2", "--out",
-                             str(tmp_path / "g")], cwd=pathlib.Path(sweep.__file__).parents[2],
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-  finally:
-    signal.signal(signal.SIGINT, previous)
+  proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", "--preset", "smoke", "--methods",
+                           "pipedream", "rotation", "--stages", "4", "--jobs", "2", "--out",
+                           str(tmp_path / "g")], cwd=pathlib.Path(sweep.__file__).parents[2],
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True)
   deadline, workers_ = time.time() + 120, []
   while len(workers_) < 2 and time.time() < deadline:
     time.sleep(0.5)
