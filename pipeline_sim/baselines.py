@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from pipeline_sim.delays import StageOptimizers
+
 
 def pipedream(learning_rate: optax.ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
               eps: float = 1e-8, weight_decay: float = 0.01) -> optax.GradientTransformation:
@@ -111,9 +113,16 @@ def nesterov_stage_b1(base: float, delay: int, num_stages: int) -> float:
 
 
 def per_stage(make: Callable[[int], optax.GradientTransformation], num_stages: int,
-              clip_norm: float | None = None) -> list[optax.GradientTransformation]:
-  """One optimizer per stage, ``make(k)``, optionally behind per-stage gradient-norm clipping."""
+              clip_norm: float | None = None, delays=None):
+  """One optimizer per stage, ``make(k)``, optionally behind per-stage gradient-norm clipping.
+
+  ``delays``: the stage delays ``make`` built them for (``stage_delays(P, schedule)``), recorded in
+  the ``StageOptimizers`` returned, so that a pipeline with another schedule refuses them."""
   opts = [make(k) for k in range(num_stages)]
   if clip_norm is not None:
     opts = [optax.chain(optax.clip_by_global_norm(clip_norm), o) for o in opts]
-  return opts
+  if delays is None:
+    return opts
+  if len(delays) != num_stages:
+    raise ValueError(f"got {len(delays)} stage delays {tuple(delays)} for {num_stages} stages")
+  return StageOptimizers(opts, delays)

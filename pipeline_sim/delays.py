@@ -1,4 +1,4 @@
-"""Stage delays of PipeDream 1F1B and the per-leaf stage machinery (docs/algorithms.md section 1).
+"""Stage delays of a pipeline schedule and the per-leaf stage machinery (docs/algorithms.md section 1).
 
 Parameters are any pytree; a *labels* pytree of the same structure gives every leaf its stage
 (an int in ``[0, P)``). ``split_stages`` turns a tree into P trees of the same structure in which
@@ -11,26 +11,14 @@ from __future__ import annotations
 import jax
 import optax
 
-SCHEDULES = ("1f1b", "2bw")
+from pipeline_sim.schedules import Schedule, schedule_of
 
 
-def stage_delays(num_stages: int, schedule: str = "1f1b") -> tuple[int, ...]:
-  """Stage k's delay ``tau_k`` in updates under ``schedule``.
-
-  - ``"1f1b"`` (PipeDream, no flush): ``tau_k = P - 1 - k``; the first stage lags ``P - 1``
-    updates, the last none.
-  - ``"2bw"`` (PipeDream-2BW, Narayanan et al., 2021): every stage computes update t's gradient on
-    the weights ``W_{t-1}`` (two weight versions, gradients accumulated over a batch of at least P
-    micro-batches), so ``tau_k = 1`` for every stage whatever P; P = 1 is no pipeline (``(0,)``),
-    the synchronous reference of both schedules.
-  """
-  if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-    raise ValueError(f"number of stages must be an int >= 1, got {num_stages!r}")
-  if schedule not in SCHEDULES:
-    raise ValueError(f"unknown pipeline schedule {schedule!r}; choose from {SCHEDULES}")
-  if schedule == "2bw":
-    return (1 if num_stages > 1 else 0,) * num_stages
-  return tuple(num_stages - 1 - k for k in range(num_stages))
+def stage_delays(num_stages: int, schedule: Schedule | str = "1f1b") -> tuple[int, ...]:
+  """Stage k's delay ``tau_k`` in updates under ``schedule`` (a ``Schedule`` or its text:
+  ``pipeline_sim.schedules``): 1F1B's ``P - 1 - k``, 2BW's one at every stage (none at P = 1), a
+  uniform delay's D at every stage."""
+  return schedule_of(schedule).delays(num_stages)
 
 
 def num_stages_of(labels) -> int:
@@ -43,9 +31,27 @@ def num_stages_of(labels) -> int:
   return max(flat) + 1
 
 
-def stage_optimizers(optimizer, num_stages: int) -> tuple:
+class StageOptimizers(tuple):
+  """P per-stage optimizers and the stage delays they were built for (``per_stage(..., delays=)``):
+  a pipeline whose schedule has other delays refuses them when it is constructed."""
+
+  delays: tuple[int, ...]
+
+  def __new__(cls, optimizers, delays):
+    out = super().__new__(cls, optimizers)
+    out.delays = tuple(int(d) for d in delays)
+    return out
+
+
+def stage_optimizers(optimizer, num_stages: int, delays=None, schedule: str = "") -> tuple:
   """Stage k's optimizer: one ``optax.GradientTransformation`` copied to every stage, or a sequence
-  of one per stage (checked: count and type)."""
+  of one per stage (checked: count and type; optimizers built for stage delays, a
+  ``StageOptimizers``, also against the pipeline's ``delays``, those of ``schedule``)."""
+  built = getattr(optimizer, "delays", None)
+  if built is not None and delays is not None and tuple(built) != tuple(delays):
+    raise ValueError(f"the optimizers were built for stage delays {tuple(built)}, but the pipeline's "
+                     f"schedule {schedule!r} has delays {tuple(delays)} at P = {num_stages}: build them "
+                     "for the pipeline's schedule")
   if isinstance(optimizer, optax.GradientTransformation):  # (itself a NamedTuple)
     return (optimizer,) * num_stages
   if isinstance(optimizer, (str, bytes)) or not all(

@@ -1,4 +1,5 @@
-"""A real asynchronous PipeDream 1F1B pipeline across devices, on JAX's own SPMD machinery.
+"""A real asynchronous pipeline across devices (PipeDream 1F1B, 2BW, a uniform delay), on JAX's own
+SPMD machinery.
 
 P stages on a ``(stage, data)`` mesh: device ``(k, d)`` holds only stage k's parameters, optimizer
 state and weight stash, and the ``data`` axis splits every micro-batch (gradients are averaged over
@@ -24,24 +25,27 @@ micro-batch m's gradient as its m-th update. The two compute the same trajectory
 it to float64 round-off); only the bookkeeping differs. A stage recomputes its forward at its
 backward (rematerialisation at stage boundaries), so only stage inputs are kept in flight.
 
-PipeDream-2BW (``schedule="2bw"``; Narayanan et al., 2021, docs/algorithms.md section 1): the same
-1F1B phases over a stream of micro-batches, M >= P of them per batch (``micro_batches``, default P),
-each a contiguous 1/M of the batch's rows. Every micro-batch of batch t runs its forward and
-backward on the stage's version ``W_{t-1}`` (``W_0`` for t = 0, and ``W_t`` for the first batch
-after a flush, which starts a new fill); the stage sums their gradients and applies the batch's
-mean gradient once, at the backward of the batch's last micro-batch: update t applies the gradient
-at ``W_{t-1}`` to ``W_t``, a delay of one update at every stage whatever P. A
-stage keeps two versions (its current weights and the previous ones) and a gradient accumulator;
-with M >= P the version a micro-batch needs is always one of the two (batch t's first forward at
-stage k comes after the backward of micro-batch ``tM - P + k``, which completes batch t - 2's update
-since ``tM - P + k >= (t - 1)M - 1``). With a mean loss over the batch this is the emulator's
-``Pipeline(..., schedule="2bw")`` step for step. At P = 1 there is no pipeline: 2BW is synchronous.
+Batched schedules (``pipeline_sim.schedules``: PipeDream-2BW, ``schedule="2bw"``, Narayanan et al.,
+2021; a uniform delay D, ``"uniform-D"``): the same 1F1B phases over a stream of micro-batches,
+M >= P of them per batch (``micro_batches``, default P), each a contiguous 1/M of the batch's rows.
+Every micro-batch of batch t runs its forward and backward on the stage's version
+``W_{t - tau_k}`` (``W_0`` before the first update, and never older than the first batch after a
+flush, which starts a new fill); the stage sums their gradients and applies the batch's mean
+gradient once, at the backward of the batch's last micro-batch: update t applies the gradient at
+``W_{t - tau_k}`` to ``W_t``. A stage keeps its current weights, its last ``V = max(1, tau)``
+versions before them (``Versions``) and a gradient accumulator. With M >= P the version a
+micro-batch needs is always kept: batch t's first forward at stage k comes after the backward of
+micro-batch ``tM - P + k``, which completes batch t - 2's update since ``tM - P + k >= (t - 1)M -
+1``, so the stage has applied t - 1 or t updates while batch t runs, and ``W_{t - tau}`` is at most
+``tau`` versions old. With a mean loss over the batch this is the emulator's
+``Pipeline(..., schedule=...)`` step for step. At P = 1 2BW has no delay: it is synchronous.
 
-Streams and lag: ``run`` feeds a chunk of C batches (one micro-batch each under 1F1B, M under 2BW;
-2CM phases) and returns the C batches that *completed* during it (stage 0's last backward done):
-batches ``c0 - lag .. c0 + C - 1 - lag``, with ``lag = P - 1`` under 1F1B and 1 under 2BW (0 at
-P = 1). ``finish`` drains the pipeline (stage 0 takes no more input) and returns the rest; after it
-every stage has applied every batch, as the emulator after the same number of steps.
+Streams and batches in flight: ``run`` feeds a chunk of C batches (one micro-batch each under 1F1B,
+M under a batched schedule; 2CM phases) and returns the C batches that *completed* during it (stage
+0's last backward done): batches ``c0 - in_flight .. c0 + C - 1 - in_flight``, with ``in_flight =
+ceil((P - 1) / M)``: P - 1 under 1F1B, 1 under a batched schedule with M = P, 0 at P = 1.
+``finish`` drains the pipeline (stage 0 takes no more input) and returns the rest; after it every
+stage has applied every batch, as the emulator after the same number of steps.
 """
 
 from __future__ import annotations
@@ -63,11 +67,11 @@ from pipeline_sim.delays import (
   check_labels,
   merge_stages,
   split_stages,
-  stage_delays,
   stage_optimizers,
 )
 from pipeline_sim.gradients import Staged
 from pipeline_sim.protocol import check_pipeline
+from pipeline_sim.schedules import OneFOneB
 
 STAGE, DATA = "stage", "data"
 DEVICE_MODES = ("weight_stashing", "no_stashing")
@@ -150,18 +154,20 @@ class DevicePipelineState(NamedTuple):
   fed: jax.Array  # int32 (): batches stage 0 has taken in (micro-batches under 1F1B).
   start: jax.Array  # int32 (): first batch since the last flush (0 for one unbroken stream).
   carry: dict  # dtype name -> (P, D, L): stage k's (params, optimizer state, stash), packed; the
-  #   stash is 1F1B's ring of tau_k + 1 weight versions, or 2BW's ``TwoVersions``.
+  #   stash is 1F1B's ring of tau_k + 1 weight versions, or a batched schedule's ``Versions``.
   inbox: Any  # message tree, leaves (P, D, P, *local): inputs of micro-batches in flight, slot m % (tau_k+1).
   fwd: Any  # message tree, leaves (P, D, *local): what each stage received from stage k - 1.
   bwd: Any  # activation tree, leaves (P, D, *local): the cotangent each stage received from stage k + 1.
-  pending: jax.Array  # float (2, lag * M): loss and squared gradient norm so far of the micro-batches
-  #   of the ``lag`` batches in flight after the last call (from micro-batch ``phase // 2 - lag * M`` on).
+  pending: jax.Array  # float (2, in_flight * M): loss and squared gradient norm so far of the
+  #   micro-batches of the batches in flight after the last call (from micro-batch
+  #   ``phase // 2 - in_flight * M`` on).
 
 
-class TwoVersions(NamedTuple):
-  """PipeDream-2BW's per-stage stash (beside the stage's current weights ``W_n``)."""
+class Versions(NamedTuple):
+  """A batched schedule's per-stage stash (beside the stage's current weights ``W_n``)."""
 
-  previous: Any  # the stage's weights W_{n-1} (W_0 while n = 0), its parameters' shapes and dtypes.
+  previous: Any  # leaves (V, *shape): the stage's weights W_{n-1}, ..., W_{n-V} (W_0 for those
+  #   before the first update), its parameters' dtypes.
   grad_sum: Any  # the sum of the current batch's micro-batch gradients, the parameters' shapes.
   updates: jax.Array  # int32 (): n, the updates this stage has applied.
 
@@ -177,10 +183,12 @@ class DevicePipeline:
     labels: stage index of every parameter leaf (P = ``max(labels) + 1``).
     mode: ``"weight_stashing"`` or ``"no_stashing"`` (``DEVICE_MODES``; 2BW: ``"weight_stashing"``).
     mesh: a ``(stage, data)`` mesh with P entries on ``stage`` (default ``pipeline_mesh(P)``).
-    schedule: ``"1f1b"`` (a batch is one micro-batch; stage k lags ``P - 1 - k`` updates) or
-      ``"2bw"`` (PipeDream-2BW, see the module docstring: every stage one update behind).
-    micro_batches: 2BW's micro-batches per batch, M >= P (default P); the batch size must be a
-      multiple of M times the ``data`` devices. 1F1B: 1 (its batch is the micro-batch).
+    schedule: a ``pipeline_sim.schedules.Schedule`` or its text: ``"1f1b"`` (a batch is one
+      micro-batch; stage k lags ``P - 1 - k`` updates), ``"2bw"`` (PipeDream-2BW, see the module
+      docstring: every stage one update behind) or ``"uniform-D"`` (every stage D behind).
+    micro_batches: a batched schedule's micro-batches per batch, M >= P (default P); the batch
+      size must be a multiple of M times the ``data`` devices. 1F1B: 1 (its batch is the
+      micro-batch).
 
   Data parallelism: each of the D devices of a stage runs the stage functions on its contiguous
   1/D of the micro-batch, and losses and gradients are averaged over them. A loss that is a mean
@@ -194,24 +202,24 @@ class DevicePipeline:
     state = pipe.init(params, first_batch)  # shapes only
     for chunk in chunks:  # leaves (C, batch, ...)
       state, (steps, losses, grad_norms) = pipe.run(state, chunk)  # -1 where none completed
-    state, (steps, losses, grad_norms) = pipe.finish(state)  # the last lag batches
+    state, (steps, losses, grad_norms) = pipe.finish(state)  # the last in_flight batches
     params = pipe.params(state)  # = the emulator's after the same batches
   """
 
   def __init__(self, staged: Staged, optimizer, labels, mode: str = "weight_stashing",
                mesh: Mesh | None = None, schedule: str = "1f1b", micro_batches: int | None = None):
-    num_stages, self.delays = check_pipeline(labels, mode, DEVICE_MODES, schedule, staged,
-                                             name="device pipeline")
-    if schedule == "1f1b" and micro_batches not in (None, 1):
-      raise ValueError(f"micro_batches={micro_batches!r} needs schedule '2bw' (a 1F1B batch is one "
-                       "micro-batch)")
+    num_stages, self.delays, schedule = check_pipeline(labels, mode, DEVICE_MODES, schedule, staged,
+                                                       name="device pipeline")
+    if not schedule.batched and micro_batches not in (None, 1):
+      raise ValueError(f"micro_batches={micro_batches!r} needs a batched schedule such as '2bw' (a "
+                       f"{schedule.name!r} batch is one micro-batch)")
     if micro_batches is None:
-      micro_batches = num_stages if schedule == "2bw" else 1
-    if schedule == "2bw" and (isinstance(micro_batches, bool) or not isinstance(micro_batches, int)
-                              or micro_batches < num_stages):
-      raise ValueError(f"2BW needs micro_batches >= P = {num_stages} (an int), got {micro_batches!r}: "
-                       "with fewer, a micro-batch's version W(t - 1) is not there yet")
-    optimizer = stage_optimizers(optimizer, num_stages)
+      micro_batches = num_stages if schedule.batched else 1
+    if schedule.batched and (isinstance(micro_batches, bool) or not isinstance(micro_batches, int)
+                             or micro_batches < num_stages):
+      raise ValueError(f"schedule {schedule.name!r} needs micro_batches >= P = {num_stages} (an int), got "
+                       f"{micro_batches!r}: with fewer, a micro-batch's version may not be kept")
+    optimizer = stage_optimizers(optimizer, num_stages, self.delays, schedule.name)
     self.mesh = pipeline_mesh(num_stages) if mesh is None else mesh
     if tuple(self.mesh.axis_names) != (STAGE, DATA) or self.mesh.shape[STAGE] != num_stages:
       raise ValueError(f"the mesh must have axes ({STAGE!r}, {DATA!r}) with {num_stages} entries on "
@@ -219,8 +227,10 @@ class DevicePipeline:
     self.staged, self.labels, self.mode = staged, labels, mode
     self.optimizers, self.num_stages = tuple(optimizer), num_stages
     self.schedule, self.micro_batches = schedule, micro_batches
-    self._in_flight = stage_delays(num_stages)  # 1F1B over micro-batches: stage k's ring of inputs
-    self.lag = -(-(num_stages - 1) // micro_batches)  # batches in flight after a call
+    # Every schedule runs 1F1B's phases over micro-batches: stage k holds the inputs of the P - k
+    # micro-batches in flight there (1F1B's delays, counted in micro-batches, whatever the schedule).
+    self._micro_delays = OneFOneB().delays(num_stages)
+    self.in_flight = -(-(num_stages - 1) // micro_batches)  # batches in flight after a call
     self._run = Consuming(self._run_impl, "DevicePipeline.run/finish")
     self._layouts = None  # fixed by ``init`` (the state's packed layout), with what follows
     self._template = self._stash_bytes = self._grad_layouts = self._widths = self._grad_widths = None
@@ -229,30 +239,32 @@ class DevicePipeline:
   # ---- set-up ----------------------------------------------------------------------------------
 
   def _stage_carry(self, k, part):
-    if self.schedule == "2bw":
-      stash = TwoVersions(part, jax.tree.map(jnp.zeros_like, part), jnp.zeros((), jnp.int32))
+    if self.schedule.batched:
+      versions = self.schedule.versions(self.num_stages)
+      previous = jax.tree.map(lambda x: jnp.broadcast_to(x, (versions, *x.shape)), part)
+      stash = Versions(previous, jax.tree.map(jnp.zeros_like, part), jnp.zeros((), jnp.int32))
     elif self.mode == "weight_stashing":
-      stash = rb.ring_init(part, self._in_flight[k] + 1)
+      stash = rb.ring_init(part, self._micro_delays[k] + 1)
     else:
       stash = None
     return part, self.optimizers[k].init(part), stash
 
   def _stash_bytes_of(self, stash) -> int:
-    if isinstance(stash, TwoVersions):
+    if isinstance(stash, Versions):
       return rb.tree_bytes((stash.previous, stash.grad_sum))
     return 0 if stash is None else rb.tree_bytes(stash)
 
   def _weights(self, k, params, stash, m, start, forward: bool):
     """The weights stage k's forward (or backward) of micro-batch m runs on (``start``: the first
     batch since the last flush)."""
-    if self.schedule == "2bw":  # W_{t-1} for batch t (W_t at P = 1 and right after a flush)
+    if self.schedule.batched:  # W_{t - tau_k} for batch t (never older than the fill's first batch)
       t = m // self.micro_batches
-      needed = jnp.maximum(t - self.delays[k], start)
-      return jax.tree.map(lambda cur, prev: jnp.where(stash.updates > needed, prev, cur),
+      age = stash.updates - jnp.maximum(t - self.delays[k], start)  # in [0, V] (module docstring)
+      return jax.tree.map(lambda cur, prev: jnp.where(age > 0, prev[jnp.maximum(age - 1, 0)], cur),
                           params, stash.previous)
     if stash is None or forward:
       return params
-    return rb.ring_read(stash, m % (self._in_flight[k] + 1))
+    return rb.ring_read(stash, m % (self._micro_delays[k] + 1))
 
   def init(self, params, example_batch=None) -> DevicePipelineState:
     """The pipeline state for ``params``; ``example_batch`` is one batch (shapes only; required:
@@ -305,7 +317,7 @@ class DevicePipeline:
     scalar = lambda: jax.device_put(jnp.zeros((), jnp.int32), whole)
     return DevicePipelineState(scalar(), scalar(), scalar(), carry, zeros(self._message, (pk,)),
                                zeros(self._message), zeros(act),
-                               jax.device_put(jnp.zeros((2, self.lag * per), jnp.result_type(float)),
+                               jax.device_put(jnp.zeros((2, self.in_flight * per), jnp.result_type(float)),
                                               whole))
 
   def _state_shardings(self, state):
@@ -329,10 +341,10 @@ class DevicePipeline:
     def forward(k):
       def branch(carry, inbox, fwd, bwd, batch, m, start):
         params, opt_state, stash = _unpack(carry, self._layouts[k])
-        slot = m % (self._in_flight[k] + 1)
+        slot = m % (self._micro_delays[k] + 1)
         message = (zeros(self._act), batch) if k == 0 else fwd
         inbox = rb.ring_write(inbox, slot, message)
-        if self.schedule == "1f1b" and stash is not None:  # stash the version this forward uses
+        if not self.schedule.batched and stash is not None:  # stash the version this forward uses
           stash = rb.ring_write(stash, slot, params)
           carry = _pack((params, opt_state, stash), self._layouts[k], self._widths)
         if k == pk - 1:  # the last stage's forward is recomputed in its backward, one phase later
@@ -346,7 +358,7 @@ class DevicePipeline:
     def backward(k):
       def branch(carry, inbox, fwd, bwd, batch, m, start):
         params, _, stash = _unpack(carry, self._layouts[k])
-        act, mb = rb.ring_read(inbox, m % (self._in_flight[k] + 1))
+        act, mb = rb.ring_read(inbox, m % (self._micro_delays[k] + 1))
         weights = self._weights(k, params, stash, m, start, False)
         f = staged.stage(k)
         x = staged.inputs_of(mb) if k == 0 else act
@@ -374,7 +386,7 @@ class DevicePipeline:
 
   def _updates(self):
     """Per-device work after a backward: ``(carry, grads, m) -> (carry, squared norm of the gradient
-    applied)``; index 0 idle, 1 + k stage k's (2BW: accumulate, and apply at a batch's last)."""
+    applied)``; index 0 idle, 1 + k stage k's (batched: accumulate, and apply at a batch's last)."""
     no_norm = lambda: jnp.zeros((), jnp.result_type(float))
     sq_norm = lambda tree: sum((jnp.sum(jnp.square(x.astype(no_norm().dtype)))
                                 for x in jax.tree.leaves(tree)), no_norm())
@@ -390,17 +402,19 @@ class DevicePipeline:
       def branch(carry, grads, m):
         params, opt_state, stash = _unpack(carry, self._layouts[k])
         g = _unpack(grads, self._grad_layouts[k])
-        if self.schedule == "1f1b":
+        if not self.schedule.batched:
           params, opt_state = apply(params, opt_state, g)
           return _pack((params, opt_state, stash), self._layouts[k], self._widths), sq_norm(g)
         grad_sum = jax.tree.map(jnp.add, stash.grad_sum, g)
 
-        def last(_):  # the batch's mean gradient (at W_{t-1}) updates W_t; W_t becomes the previous
+        def last(_):  # the batch's mean gradient (at W_{t - tau}) updates W_t; W_t becomes the previous
           # averaged over the data devices here, once per batch (their sums are each device's own)
           mean = jax.tree.map(lambda x: jax.lax.pmean(x, DATA) / self.micro_batches, grad_sum)
           new, state = apply(params, opt_state, mean)
           zero = jax.tree.map(jnp.zeros_like, grad_sum)
-          return (new, state, TwoVersions(params, zero, stash.updates + 1)), sq_norm(mean)
+          previous = jax.tree.map(lambda cur, prev: jnp.concatenate([cur[None], prev[:-1]]), params,
+                                  stash.previous)  # W_t, W_{t-1}, ...: the oldest drops out
+          return (new, state, Versions(previous, zero, stash.updates + 1)), sq_norm(mean)
 
         def more(_):
           return (params, opt_state, stash._replace(grad_sum=grad_sum)), no_norm()
@@ -443,7 +457,7 @@ class DevicePipeline:
       # phase has none): half the phases; under 2BW the gradients only once per batch, at its
       # update (``_updates``). Every device of a stage's data group takes the same branch.
       mean = lambda t: jax.lax.pmean(t, DATA)
-      if self.schedule == "1f1b":
+      if not self.schedule.batched:
         grads, loss = jax.lax.cond(is_backward, mean, lambda t: t, (grads, loss))
       else:
         loss = jax.lax.cond(is_backward, mean, lambda t: t, loss)
@@ -458,7 +472,7 @@ class DevicePipeline:
     return expand(state) + (expand(record),)
 
   def _run_impl(self, state: DevicePipelineState, batches, feed):
-    per, lag = self.micro_batches, self.lag
+    per, in_flight = self.micro_batches, self.in_flight
     num_chunk = jax.tree.leaves(batches)[0].shape[0]
     limit = state.fed + jnp.where(feed, num_chunk, 0).astype(jnp.int32)
     # (C, batch, ...) -> (C * M, batch / M, ...): micro-batch j of batch c is its j-th 1/M of the rows
@@ -475,17 +489,17 @@ class DevicePipeline:
         state.start * per, limit * per)
     # Gather each micro-batch's share of its batch's loss (last stage) and squared norm of the
     # gradients applied (all stages) in a window over the micro-batches of the C batches that
-    # complete in this call and of the ``lag`` still in flight after it; a batch sums its M entries.
-    pk, span = self.num_stages, (num_chunk + lag) * per
-    base = state.phase // 2 - lag * per
+    # complete in this call and of the ``in_flight`` still in flight after it; a batch sums its M entries.
+    pk, span = self.num_stages, (num_chunk + in_flight) * per
+    base = state.phase // 2 - in_flight * per
     ms, losses, sq_norms = ms[:, 0], losses[:, 0], sq_norms[:, 0]  # data replicas agree
     idx = jnp.where(ms >= 0, ms - base, span)  # out of range: dropped
-    window = jnp.zeros((2, span), state.pending.dtype).at[:, :lag * per].set(state.pending)
+    window = jnp.zeros((2, span), state.pending.dtype).at[:, :in_flight * per].set(state.pending)
     is_last = (jnp.arange(pk) == pk - 1)[:, None]
     window = window.at[0, idx].add(jnp.where(is_last, losses, 0.0), mode="drop")
     window = window.at[1, idx].add(sq_norms, mode="drop")
     totals = window[:, :num_chunk * per].reshape(2, num_chunk, per).sum(-1)
-    steps = state.phase // (2 * per) - lag + jnp.arange(num_chunk, dtype=jnp.int32)
+    steps = state.phase // (2 * per) - in_flight + jnp.arange(num_chunk, dtype=jnp.int32)
     done = (steps >= state.start) & (steps < limit)
     out = (jnp.where(done, steps, -1), jnp.where(done, totals[0], jnp.nan),
            jnp.where(done, jnp.sqrt(totals[1]), jnp.nan))
@@ -500,7 +514,7 @@ class DevicePipeline:
 
     Returns:
       ``(state, (steps, losses, grad_norms))``: the C batch indices that completed in this call
-      (``fed - lag .. fed + C - 1 - lag``), the loss each observed (under 2BW the mean of its
+      (``fed - in_flight .. fed + C - 1 - in_flight``), the loss each observed (under 2BW the mean of its
       micro-batches' losses) and the global norm of the gradient its update applied (all stages).
       Entries that completed no batch (the pipeline fill, at the start and after ``finish``, whose
       batches ``finish`` already returned) have index -1 and NaN: keep ``steps >= 0``.
@@ -528,11 +542,11 @@ class DevicePipeline:
       raise ValueError("DevicePipeline.finish needs init(params, example_batch) of this pipeline first "
                        "(it fixes the layout of the state)")
     fed = int(state.fed)
-    if self.lag == 0 or fed == int(state.start):  # nothing in flight
+    if self.in_flight == 0 or fed == int(state.start):  # nothing in flight
       return state, (np.zeros(0, np.int32), np.zeros(0), np.zeros(0))
     # The drain runs the chunk's own program (one compile per run): its phases past the 2(P - 1)
     # that complete the micro-batches in flight find no valid micro-batch and idle.
-    length = max(self.lag, jax.tree.leaves(self._template)[0].shape[0])
+    length = max(self.in_flight, jax.tree.leaves(self._template)[0].shape[0])
     drain = jax.tree.map(lambda s: jnp.zeros((length, *s.shape[1:]), s.dtype), self._template)
     state, out = self._run(state, drain, False)  # relabelled by the device_put below
     steps, losses, norms = (np.asarray(x) for x in out)
@@ -548,15 +562,16 @@ class DevicePipeline:
 
   def buffer_bytes(self, state: DevicePipelineState) -> int:
     """Bytes of the weight stash over all stages, each stage's on its own devices: 1F1B's ``tau_k + 1``
-    versions of stage k (as ``Pipeline.buffer_bytes``); 2BW's previous version and gradient
-    accumulator (two stage-sized buffers, as the emulator's two versions)."""
+    versions of stage k (as ``Pipeline.buffer_bytes``); a batched schedule's V earlier versions and
+    gradient accumulator (V + 1 stage-sized buffers, as the emulator's tau_k + 1 versions where
+    ``tau_k = V``)."""
     del state
     return int(sum(self._stash_bytes))
 
   # ---- the pipeline protocol (pipeline_sim.protocol); ``init``, ``finish`` and ``params`` above
   # and below are its own
 
-  flushes = True  # the last ``lag`` batches complete in ``finish``
+  flushes = True  # the last ``in_flight`` batches complete in ``finish``
 
   def place(self, state: DevicePipelineState, mesh=None, fsdp: bool = False) -> DevicePipelineState:
     """The state as ``init`` laid it out on this pipeline's own mesh (``mesh`` and ``fsdp`` are the
@@ -571,7 +586,7 @@ class DevicePipeline:
 
   def advance(self, state: DevicePipelineState, batches):
     """``run``, keeping only the batches that completed: ``(state, (steps, losses, grad_norms))``
-    in NumPy, ``lag`` batches behind the chunk (the rest complete in the next call or ``finish``)."""
+    in NumPy, ``in_flight`` batches behind the chunk (the rest complete in the next call or ``finish``)."""
     state, out = self.run(state, batches)
     steps, losses, norms = (np.asarray(x) for x in out)
     keep = steps >= 0

@@ -87,11 +87,14 @@ class Pipeline:
       each step's freshly computed gradient (all stages, before any clipping).
     merged: run the one ``optimizer`` once over every stage's leaves with one state (not per stage;
       see the module docstring); modes ``weight_stashing`` and ``no_stashing`` only.
-    schedule: ``"1f1b"`` (PipeDream's delays ``tau_k = P - 1 - k``) or ``"2bw"`` (PipeDream-2BW:
-      update t's gradient at ``W_{t-1}`` for every stage, ``W_0`` for t = 0, a delay of one whatever
-      P; with mode ``"weight_stashing"`` only, since 2BW's two weight versions are its stash: its
-      forward and backward always see one version, so there is no 2BW without stashing, and a
-      gradient FIFO at the current weights would apply batch t's gradient at update t + 1).
+    schedule: a ``pipeline_sim.schedules.Schedule`` or its text: ``"1f1b"`` (PipeDream's delays
+      ``tau_k = P - 1 - k``), ``"2bw"`` (PipeDream-2BW: update t's gradient at ``W_{t-1}`` for every
+      stage, ``W_0`` for t = 0, a delay of one whatever P) or ``"uniform-D"`` (every stage D
+      updates behind). A batched schedule (2BW, uniform) needs mode ``"weight_stashing"``: its
+      weight versions are its stash, its forward and backward always see one version, so there is
+      none without stashing, and a gradient FIFO at the current weights would apply batch t's
+      gradient at update t + 1). Optimizers built for other delays (``per_stage(..., delays=)``)
+      are refused.
 
     predict: weight prediction's scale ``s`` (module docstring), one float for every stage or a
       sequence of P; ``None`` (the default) stashes without prediction. Mode ``"weight_stashing"``
@@ -107,15 +110,14 @@ class Pipeline:
                labels, mode: str = "weight_stashing", staged: Staged | None = None,
                grad_norms: bool = False, merged: bool = False, schedule: str = "1f1b",
                predict: float | Sequence[float] | None = None):
-    num_stages, self.delays = check_pipeline(labels, mode, MODES, schedule, staged)
-    self.schedule = schedule
+    num_stages, self.delays, self.schedule = check_pipeline(labels, mode, MODES, schedule, staged)
     if mode == "no_stashing" and staged is None:
       raise ValueError("mode 'no_stashing' needs the model as stage functions (staged=Staged(...))")
     if loss_fn is None:
       if staged is None:
         raise ValueError("give loss_fn or staged")
       loss_fn = lambda params, batch: staged.loss(split_stages(params, labels, num_stages), batch)
-    self.optimizers = stage_optimizers(optimizer, num_stages)
+    self.optimizers = stage_optimizers(optimizer, num_stages, self.delays, self.schedule.name)
     single = isinstance(optimizer, optax.GradientTransformation)
     if merged and (not single or mode == "stale_gradients"):
       raise ValueError("merged=True runs one optimizer over every stage at every step: it needs one "
@@ -135,7 +137,7 @@ class Pipeline:
 
   # ---- the pipeline protocol (pipeline_sim.protocol) ---------------------------------------------
 
-  lag = 0  # the emulator completes each chunk's own steps: none in flight after ``advance``
+  in_flight = 0  # the emulator completes each chunk's own steps: none in flight after ``advance``
   flushes = False  # ``finish`` has nothing to complete
 
   def init(self, params, example_batch=None) -> PipelineState:

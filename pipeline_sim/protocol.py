@@ -7,21 +7,22 @@ A loop: ``state = pipe.place(pipe.init(params, example_batch), mesh, fsdp)``; pe
 pipe.place_batches(batches, mesh))``, then ``state, (steps, ...) = pipe.finish(state)`` for the
 batches still in flight; ``pipe.params(state)`` is the weights every stage holds now. ``steps`` are
 the indices of the batches that completed (the emulator completes a chunk's own; a device pipeline
-completes them ``lag`` batches behind, and ``flushes``: its last ones complete only in ``finish``).
+completes them ``in_flight`` batches behind, and ``flushes``: its last ones complete only in ``finish``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from pipeline_sim.delays import num_stages_of, stage_delays
+from pipeline_sim.delays import num_stages_of
+from pipeline_sim.schedules import Schedule, schedule_of
 
 
 @runtime_checkable
 class PipelineProtocol(Protocol):
   """What a training loop calls on a pipeline (module docstring)."""
 
-  lag: int  # batches still in flight after ``advance`` (the emulator: 0)
+  in_flight: int  # batches still in flight after ``advance`` (the emulator: 0)
   flushes: bool  # ``finish`` completes batches (the last evaluation waits for it)
 
   def init(self, params, example_batch=None) -> Any: ...
@@ -37,17 +38,19 @@ class PipelineProtocol(Protocol):
   def params(self, state) -> Any: ...
 
 
-def check_pipeline(labels, mode: str, modes, schedule: str, staged,
-                   name: str = "pipeline") -> tuple[int, tuple[int, ...]]:
-  """The checks both constructors make: ``mode`` one of ``modes``, the schedule known (2BW only
-  with weight stashing), as many stage functions as stages. Returns ``(P, per-stage delays)``."""
+def check_pipeline(labels, mode: str, modes, schedule: Schedule | str, staged,
+                   name: str = "pipeline") -> tuple[int, tuple[int, ...], Schedule]:
+  """The checks both constructors make: ``mode`` one of ``modes``, the schedule known (a batched
+  one only with weight stashing), as many stage functions as stages. Returns ``(P, per-stage
+  delays, the schedule's value)``."""
   if mode not in modes:
     raise ValueError(f"unknown {name} mode {mode!r}; choose from {modes}")
   num_stages = num_stages_of(labels)
-  delays = stage_delays(num_stages, schedule)  # checks the schedule
-  if schedule == "2bw" and mode != "weight_stashing":
-    raise ValueError(f"schedule '2bw' needs mode 'weight_stashing' (its two weight versions are "
+  schedule = schedule_of(schedule)
+  delays = schedule.delays(num_stages)
+  if schedule.batched and mode != "weight_stashing":
+    raise ValueError(f"schedule {schedule.name!r} needs mode 'weight_stashing' (its weight versions are "
                      f"the stash), got mode {mode!r}")
   if staged is not None and len(staged.stage_fns) != num_stages:
     raise ValueError(f"got {len(staged.stage_fns)} stage functions for {num_stages} stages")
-  return num_stages, delays
+  return num_stages, delays, schedule

@@ -5,6 +5,8 @@ and the studies find runs by it."""
 import dataclasses
 import pathlib
 
+import pytest
+
 from experiments.harness.config import RunConfig
 from experiments.report import curves
 
@@ -33,6 +35,18 @@ def test_the_name_written_by_hand():
   assert RunConfig(width=64, num_blocks=8, execution="devices", fsdp=True, remat="nothing_saveable",
                    diagnose_every=50).name.startswith("cpu-deep-B8-W64-devices-fsdp-diag50-remat_")
 
+
+
+def test_a_uniform_delay_names_its_runs_at_every_p_and_is_checked():
+  # a schedule with a delay at P = 1 is not the synchronous run (2BW at P = 1 is, above)
+  for stages in (1, 4):
+    c = RunConfig(method="rotation", stages=stages, schedule="uniform-2")
+    assert c.name == f"cpu-deep-uniform-2_weight_stashing_rotation_P{stages}_lr0.003_n1200_s0"
+    c.validate()
+  with pytest.raises(ValueError, match="schedule 'uniform-2' needs mode 'weight_stashing'.*'no_stashing'"):
+    RunConfig(schedule="uniform-2", mode="no_stashing", stages=2).validate()
+  with pytest.raises(ValueError, match="unknown pipeline schedule 'uniform-0'"):
+    RunConfig(schedule="uniform-0").validate()
 
 
 def test_single_pass_sampling_names_its_runs_and_changes_their_identity():

@@ -75,7 +75,11 @@ cases = [("adam-ws-P4", 4, 1, "weight_stashing", "adam", "1f1b", None),
          ("adam-2bw-P4", 4, 1, "weight_stashing", "adam", "2bw", None),
          ("adam-2bw-P3-M8", 3, 1, "weight_stashing", "adam", "2bw", 8),
          ("adam-2bw-P2xD2", 2, 2, "weight_stashing", "adam", "2bw", 2),
-         ("adam-2bw-P1-M4", 1, 1, "weight_stashing", "adam", "2bw", 4)]
+         ("adam-2bw-P1-M4", 1, 1, "weight_stashing", "adam", "2bw", 4),
+         # a third schedule, a value beside the two (pipeline_sim.schedules): every stage D behind
+         ("adam-uniform3-P4", 4, 1, "weight_stashing", "adam", "uniform-3", None),
+         ("adam-uniform2-P2xD2-M4", 2, 2, "weight_stashing", "adam", "uniform-2", 4),
+         ("adam-uniform2-P1-M2", 1, 1, "weight_stashing", "adam", "uniform-2", 2)]
 for name, num_stages, n_data, mode, opt_name, schedule, micro in cases:
   params, labels, staged = model(num_stages)
   opt = optax.adam(3e-2) if opt_name == "adam" else rotation.basis_rotation(3e-2, refresh_every=3)
@@ -87,11 +91,13 @@ for name, num_stages, n_data, mode, opt_name, schedule, micro in cases:
   state, steps, losses, norms = device_run(pipe, params)
   final = pipe.params(state)
   vs_sync = vs_loop = None
-  if name in ("adam-ws-P4", "rotation-ns-P4", "adam-2bw-P4"):  # the delays matter: equality is not trivial
+  if name in ("adam-ws-P4", "rotation-ns-P4", "adam-2bw-P4", "adam-uniform3-P4"):  # the delays matter
     sync = ps.Pipeline(lambda p, b: staged.loss([p], b), opt, {k: 0 for k in labels})
     vs_sync = float(np.max(np.abs(np.array(losses) - np.asarray(sync.run(sync.init(params), (xs, ys))[1]))))
-  if schedule == "2bw":  # against a plain loop with the schedule's delay (one; none at P = 1)
-    w, loop_losses = delayed_loop(opt, staged, labels, params, 1 if num_stages > 1 else 0)
+  if schedule != "1f1b":  # against a plain loop with the schedule's delay, written here (2BW: one,
+    # none at P = 1; uniform-D: D at every P)
+    delay = int(schedule.split("-")[1]) if schedule.startswith("uniform-") else int(num_stages > 1)
+    w, loop_losses = delayed_loop(opt, staged, labels, params, delay)
     vs_loop = max(float(np.max(np.abs(np.array(losses) - np.array(loop_losses)))),
                   max(float(jnp.max(jnp.abs(final[k] - w[k]))) for k in params))
   carry = next(iter(state.carry.values()))
@@ -183,7 +189,11 @@ for make in (lambda: ps.pipeline_mesh(3, jax.devices()[:4]),
              lambda: ps.DevicePipeline(staged, optax.adam(1e-3), labels, micro_batches=2),
              lambda: ps.DevicePipeline(staged, optax.adam(1e-3), labels, schedule="2bw", micro_batches=3,
                                        mesh=ps.pipeline_mesh(2, jax.devices()[:2])).init(
-                                           params, (xs[0], ys[0]))):
+                                           params, (xs[0], ys[0])),
+             lambda: ps.DevicePipeline(staged, ps.per_stage(lambda k: optax.adam(1e-3), 2,
+                                                            delays=ps.stage_delays(2, "1f1b")),
+                                       labels, schedule="uniform-2",
+                                       mesh=ps.pipeline_mesh(2, jax.devices()[:2]))):
   try:
     make()
     errors.append("")
@@ -296,38 +306,48 @@ def test_batch_mean_products_are_per_data_shard_on_devices(got):
 
 
 def test_bad_layouts_are_refused(got):
-  mesh, mode, stages, batch, schedule, no_stash, too_few, not_2bw, split = got["errors"]
+  mesh, mode, stages, batch, schedule, no_stash, too_few, not_2bw, split, delays = got["errors"]
   assert "4 devices cannot hold 3 pipeline stages" in mesh
   assert "unknown device pipeline mode 'stale_gradients'" in mode
   assert "with 2 entries on 'stage'" in stages
   assert "batch size 3 is not divisible by the 2 devices" in batch
-  assert "unknown pipeline schedule 'gpipe'" in schedule
+  assert "unknown pipeline schedule 'gpipe'; choose from 1f1b, 2bw, uniform-D" in schedule
   assert "schedule '2bw' needs mode 'weight_stashing'" in no_stash and "'no_stashing'" in no_stash
   assert "micro_batches >= P = 2" in too_few and "got 1" in too_few
-  assert "micro_batches=2 needs schedule '2bw'" in not_2bw
+  assert "micro_batches=2 needs a batched schedule such as '2bw'" in not_2bw
+  # optimizers built for 1F1B's delays in a pipeline of another schedule: both named
+  assert ("built for stage delays (1, 0), but the pipeline's schedule 'uniform-2' has delays (2, 2)"
+          in delays), delays
   assert "batch size 8 is not divisible by the 1 devices of the 'data' axis times 3 micro-batches" in split
 
 
-def test_2bw_equals_the_emulator_and_a_one_step_delayed_loop_in_float64(got):
-  # Every micro-batch of batch t runs on W(t - 1), the stage accumulates the batch's gradient and
-  # applies it once: the emulator's 2BW step and a plain loop whose update t applies the gradient at
-  # W(t - 1), to float64 round-off, with M = P, M > P and data parallelism.
-  for name in ("adam-2bw-P4", "adam-2bw-P3-M8", "adam-2bw-P2xD2", "adam-2bw-P1-M4"):
+BATCHED = ("adam-2bw-P4", "adam-2bw-P3-M8", "adam-2bw-P2xD2", "adam-2bw-P1-M4", "adam-uniform3-P4",
+           "adam-uniform2-P2xD2-M4", "adam-uniform2-P1-M2")
+
+
+def test_batched_schedules_equal_the_emulator_and_a_delayed_loop_in_float64(got):
+  # Every micro-batch of batch t runs on W(t - tau), the stage accumulates the batch's gradient and
+  # applies it once: the emulator's step and a plain loop whose update t applies the gradient at
+  # W(t - tau), to float64 round-off, with M = P, M > P and data parallelism; 2BW (tau = 1, none at
+  # P = 1) and a uniform delay (tau = D at every P), the third schedule.
+  for name in BATCHED:
     r = got[name]
     assert r["steps"] == list(range(8)), name  # every batch completes once, in order
     assert r["loss"] < 1e-12 and r["norm"] < 1e-12 and r["params"] < 1e-12, (name, r)
     assert r["vs_loop"] < 1e-12, (name, r)
     assert r["programs"] == 1, name  # one compile for the runs and the drain
   assert got["adam-2bw-P4"]["vs_sync"] > 1e-3  # one update behind is not synchronous
+  assert got["adam-uniform3-P4"]["vs_sync"] > 1e-3
 
 
-def test_2bw_keeps_two_versions_and_moves_m_micro_batches_per_batch(got):
-  for name, micro in (("adam-2bw-P4", 4), ("adam-2bw-P3-M8", 8), ("adam-2bw-P2xD2", 2)):
+def test_batched_schedules_keep_their_versions_and_move_m_micro_batches_per_batch(got):
+  for name, micro, versions in (("adam-2bw-P4", 4, 1), ("adam-2bw-P3-M8", 8, 1), ("adam-2bw-P2xD2", 2, 1),
+                                ("adam-uniform3-P4", 4, 3), ("adam-uniform2-P2xD2-M4", 4, 2)):
     r = got[name]
-    n_data = 2 if name.endswith("D2") else 1
-    # the previous version and the gradient accumulator: two copies of a stage's 30 float64 weights,
-    # as the emulator's two versions (1F1B's ring holds P - k)
-    assert r["stash"] == [2 * 30 * 8] * len(r["stash"]), (name, r)
+    n_data = 2 if "D2" in name else 1
+    # the earlier versions (2BW: one; uniform-D: D) and the gradient accumulator, copies of a
+    # stage's 30 float64 weights, as the emulator's tau + 1 versions (1F1B's ring holds P - k)
+    assert r["stash"] == [(versions + 1) * 30 * 8] * len(r["stash"]), (name, r)
     assert r["buffer_bytes"] == r["emulator_buffer_bytes"], (name, r)
     assert r["moved_per_micro_batch"] == micro * r["live_bytes"] * n_data, (name, r)
 

@@ -211,6 +211,42 @@ def test_2bw_is_synchronous_at_p1_and_refuses_modes_it_cannot_mean():
     ps.Pipeline(loss_fn, optax.sgd(1.0), labels, schedule="gpipe")
 
 
+@pytest.mark.parametrize("num_stages,delay", [(1, 2), (3, 2), (2, 3)])
+def test_a_uniform_delay_is_a_hand_written_delayed_loop(num_stages, delay):
+  # The third schedule, a value (pipeline_sim.schedules.UniformDelay): update t applies the gradient
+  # at W(t - D) (W(0) before the first) at every stage, P = 1 included, in a loop written here.
+  params, labels, loss_fn = product_model(num_stages)
+  xs, ys = batches(9)
+  opt = optax.adam(0.05)
+  pipe = ps.Pipeline(loss_fn, opt, labels, "weight_stashing", schedule=ps.UniformDelay(delay))
+  assert pipe.delays == (delay,) * num_stages and pipe.schedule.name == f"uniform-{delay}"
+  state, losses = pipe.run(pipe.init(params), (xs, ys))
+  history, opt_state, expected = [params], opt.init(params), []
+  for t in range(len(xs)):
+    at = history[max(0, t - delay)]
+    loss, g = jax.value_and_grad(loss_fn)(at, (xs[t], ys[t]))
+    updates, opt_state = opt.update(g, opt_state, history[-1])
+    history.append(optax.apply_updates(history[-1], updates))
+    expected.append(float(loss))
+  np.testing.assert_allclose(state.params["w"], history[-1]["w"], rtol=1e-6)
+  np.testing.assert_allclose(losses, expected, rtol=1e-6)
+  sync = ps.Pipeline(loss_fn, opt, labels)  # the control: the delay changes the run
+  assert np.max(np.abs(np.asarray(sync.run(sync.init(params), (xs, ys))[0].params["w"])
+                       - np.asarray(state.params["w"]))) > 1e-4
+
+
+def test_optimizers_built_for_other_delays_are_refused_by_name():
+  params, labels, loss_fn = product_model(3)
+  built = ps.per_stage(lambda k: optax.sgd(0.1), 3, delays=ps.stage_delays(3, "1f1b"))
+  assert built.delays == (2, 1, 0)
+  ps.Pipeline(loss_fn, built, labels)  # the schedule it was built for
+  with pytest.raises(ValueError, match=r"built for stage delays \(2, 1, 0\), but the pipeline's "
+                                       r"schedule '2bw' has delays \(1, 1, 1\) at P = 3"):
+    ps.Pipeline(loss_fn, built, labels, schedule="2bw")
+  with pytest.raises(ValueError, match=r"got 2 stage delays \(1, 0\) for 3 stages"):
+    ps.per_stage(lambda k: optax.sgd(0.1), 3, delays=(1, 0))
+
+
 def test_stale_gradients_fifo_and_warm_up():
   num_stages, n = 4, 10
   rng = np.random.default_rng(0)

@@ -51,6 +51,8 @@ def test_per_method_flags_reach_only_their_runs_in_the_plan():
     (["--loss-chunk", "-1"], r"--loss-chunk must be >= 0 \(0: off\), got -1"),
     (["--warmup", "1.5"], r"--warmup must be in \[0, 1\), got 1.5"),
     (["--warmup", "0.1", "--warmup-steps", "3"], "give one of --warmup and --warmup-steps"),
+    (["--schedule", "gpipe"], "--schedule: unknown pipeline schedule 'gpipe'; choose from 1f1b, 2bw, "
+                                "uniform-D"),
 ])
 def test_a_bad_value_is_named_by_its_flag(argv, match):
   with pytest.raises(ValueError, match=match):

@@ -31,7 +31,7 @@ def test_both_pipelines_implement_the_protocol():
                                  {"w0": 0}, mesh=ps.pipeline_mesh(1))
   for pipe in (emulated, on_devices):
     assert isinstance(pipe, ps.PipelineProtocol)
-  assert (emulated.lag, emulated.flushes) == (0, False) and on_devices.flushes
+  assert (emulated.in_flight, emulated.flushes) == (0, False) and on_devices.flushes
 
 
 @pytest.mark.parametrize("grad_norms", [True, False])

@@ -47,9 +47,11 @@ class RunConfig:
     stages: pipeline depth P (P = 1: synchronous training).
     seed: parameter initialisation and batch stream.
     mode: pipeline emulation, one of ``pipeline_sim.MODES``.
-    schedule: ``"1f1b"`` (PipeDream: stage k lags ``P - 1 - k`` updates) or ``"2bw"``
-      (PipeDream-2BW: every stage one update, whatever P; mode ``weight_stashing``; on devices
-      each batch is split into P micro-batches, so ``batch_size`` must be a multiple of P).
+    schedule: the text of a ``pipeline_sim.schedules.Schedule``: ``"1f1b"`` (PipeDream: stage k
+      lags ``P - 1 - k`` updates), ``"2bw"`` (PipeDream-2BW: every stage one update, whatever P)
+      or ``"uniform-D"`` (every stage D updates, P = 1 included). The batched ones (2BW, uniform)
+      need mode ``weight_stashing``, and on devices split each batch into P micro-batches, so
+      ``batch_size`` must be a multiple of P.
     execution: ``"emulated"`` (one program computes every stage: ``pipeline_sim.Pipeline``) or
       ``"devices"`` (P stages on P devices, 1F1B or 2BW with ``ppermute``:
       ``pipeline_sim.DevicePipeline``, modes ``weight_stashing`` and ``no_stashing``). Same
@@ -115,7 +117,7 @@ class RunConfig:
   width: int | None = _named("-W{}")
   dtype: str = _named("-bf16", "float32")
   execution: str = _named("-devices", "emulated")
-  schedule: str = _named("-2bw", "1f1b")
+  schedule: str = _named("-{}", "1f1b")
   fsdp: bool = _named("-fsdp", False)
   warmup_steps: int | None = _named("-wu{}")
   b2: float = _named("-b2_{:g}", 0.999)
@@ -182,13 +184,12 @@ class RunConfig:
       raise ValueError(f"unknown model {self.model!r}; choose from {sorted(model_lib.CONFIGS)}")
     if self.mode not in ps.MODES:
       raise ValueError(f"unknown mode {self.mode!r}; choose from {ps.MODES}")
-    if self.schedule not in ps.SCHEDULES:
-      raise ValueError(f"unknown schedule {self.schedule!r}; choose from {ps.SCHEDULES}")
-    if self.schedule == "2bw" and self.mode != "weight_stashing":
-      raise ValueError(f"schedule '2bw' needs mode 'weight_stashing' (its two weight versions are the "
-                       f"stash), got mode {self.mode!r}")
-    if self.schedule == "2bw" and self.execution == "devices" and self.batch_size % self.stages:
-      raise ValueError(f"schedule '2bw' on devices splits each batch into P = {self.stages} "
+    schedule = ps.schedule_of(self.schedule)
+    if schedule.batched and self.mode != "weight_stashing":
+      raise ValueError(f"schedule {self.schedule!r} needs mode 'weight_stashing' (its weight versions are "
+                       f"the stash), got mode {self.mode!r}")
+    if schedule.batched and self.execution == "devices" and self.batch_size % self.stages:
+      raise ValueError(f"schedule {self.schedule!r} on devices splits each batch into P = {self.stages} "
                        f"micro-batches: batch_size={self.batch_size} is not a multiple of {self.stages}")
     if self.execution not in EXECUTIONS:
       raise ValueError(f"unknown execution {self.execution!r}; choose from {EXECUTIONS}")
@@ -265,11 +266,13 @@ def device_count(config: RunConfig) -> int:
 
 
 def canonical(config: RunConfig) -> RunConfig:
-  """``config`` with a width or block count equal to the named model's own written as ``None``
-  (the same run, so the same identity and folder)."""
+  """``config`` with a width or block count equal to the named model's own written as ``None``, and
+  a schedule without delay at P = 1 (2BW's) as 1F1B (the same run, so the same identity and
+  folder)."""
   cfg = model_lib.CONFIGS[config.model]
+  synchronous = config.stages == 1 and ps.stage_delays(1, config.schedule) == (0,)
   return dataclasses.replace(config, width=None if config.width == cfg.width else config.width,
-                             schedule="1f1b" if config.stages == 1 else config.schedule,
+                             schedule="1f1b" if synchronous else config.schedule,
                              num_blocks=None if config.num_blocks == cfg.num_blocks else config.num_blocks)
 
 

@@ -170,19 +170,19 @@ def check_method(name: str) -> Method:
   return METHODS[name]
 
 
-def run_optimizers(config) -> list[optax.GradientTransformation]:
+def run_optimizers(config) -> ps.StageOptimizers:
   """One optimizer per stage for ``config`` (an ``experiments.harness.runs.RunConfig``), each behind
   per-stage gradient clipping at ``config.clip_norm``: the method's kind's builder (``BUILDERS``)
-  for each stage."""
+  for each stage, built for the delays of the run's schedule (a pipeline of another refuses them)."""
   method = check_method(config.method)
-  stage = BuildContext(config, method, learning_rates.warmup_cosine(config),
-                ps.stage_delays(config.stages, config.schedule))
+  delays = ps.stage_delays(config.stages, config.schedule)
+  stage = BuildContext(config, method, learning_rates.warmup_cosine(config), delays)
   build = BUILDERS[method.kind]
   if method.remedy == "dc":
     lam = DC_LAMBDA if config.dc_lambda is None else config.dc_lambda
     return ps.per_stage(lambda k: ps.dc_asgd(build(stage, k), lam, DC_DECAY), config.stages,
-                        clip_norm=config.clip_norm)
-  return ps.per_stage(lambda k: build(stage, k), config.stages, clip_norm=config.clip_norm)
+                        clip_norm=config.clip_norm, delays=delays)
+  return ps.per_stage(lambda k: build(stage, k), config.stages, clip_norm=config.clip_norm, delays=delays)
 
 
 def predict_scale(config) -> float | None:

@@ -152,7 +152,7 @@ class _Record:
     ckpt.save(step, state, self.losses, self.val_losses)
     self.timing["checkpoint_seconds"] += time.perf_counter() - t0
 
-  def start(self, restored, lag: int):
+  def start(self, restored, in_flight: int):
     """A fresh log, or the restored losses and timing with the logs cut back to the checkpoint.
     Returns the step to start at and the restored state (``None``: fresh)."""
     if restored is None:
@@ -164,7 +164,7 @@ class _Record:
     step, state, losses, val_losses = restored
     self.losses, self.val_losses = losses.copy(), val_losses.copy()
     self.timing.update(_read_json(self.run_dir / "timing.json") or {})
-    _truncate_log(self.log, step - lag)
+    _truncate_log(self.log, step - in_flight)
     _truncate_log(self.diag_log, step - 1)  # the window at ``step`` is logged again
     return step, state
 
@@ -316,7 +316,7 @@ def train(config: RunConfig, ds: Dataset, run_dir, progress=None, devices=None,
   status = "finished"
   if restored is None:
     rec.val_losses[0] = rec.evaluate(pipe.params(state))
-  step, resumed = rec.start(restored, pipe.lag)
+  step, resumed = rec.start(restored, pipe.in_flight)
   state = state if resumed is None else resumed
   rec.timing["build_seconds"] += built
   rec.timing["checkpoint_seconds"] += restore_seconds

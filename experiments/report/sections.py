@@ -249,12 +249,12 @@ def diagnostics_section(ctx: Context, results) -> list:
     flips = np.nanmean([e["flip_rate"] for e in entries], axis=0)
     delays = ps.stage_delays(p, schedule)
     row = lambda values, spec: ", ".join(f"{t}: {x:{spec}}" for t, x in zip(delays, values))
-    label = mode + (", 2bw" if schedule == "2bw" and p > 1 else "")
+    label = mode + (f", {schedule}" if schedule != "1f1b" and p > 1 else "")
     lines.append(f"| {m} | {p} | {label} | {row(cos, '.3f')} | "
                  f"{'n/a' if gcos is None else row(gcos, '.3f')} | {row(flips, '.2f')} |")
     for name, values in (("cosine", cos), ("gradient cosine", gcos), ("flip rate", flips)):
       if values is not None:
-        figure[name][f"{m} P={p} {mode}" + (" 2bw" if schedule == "2bw" and p > 1 else "")] = sorted(
+        figure[name][f"{m} P={p} {mode}" + (f" {schedule}" if schedule != "1f1b" and p > 1 else "")] = sorted(
             (t, float(x) if np.isfinite(x) else None) for t, x in zip(delays, values) if t > 0)
   plots.panels(figure, ctx.out / "diagnostics.png", "update diagnostics per stage against its delay",
                "tau_k (log scale)")

@@ -126,8 +126,9 @@ _PIPELINE = (
     ConfigFlag("--mode", "mode", "pipeline emulation of the main study (default weight_stashing, "
                "PipeDream)", type=str, choices=ps.MODES),
     ConfigFlag("--schedule", "schedule", "asynchronous schedule (default 1f1b, PipeDream: stage k lags "
-               "P - 1 - k updates; 2bw, PipeDream-2BW: every stage one update, whatever P; mode "
-               "weight_stashing, emulated)", type=str, choices=ps.SCHEDULES),
+               "P - 1 - k updates; 2bw, PipeDream-2BW: every stage one update, whatever P; uniform-D: "
+               "every stage D updates, P = 1 included; 2bw and uniform-D need mode weight_stashing)",
+               type=str, value=lambda v: ps.schedule_of(v).name),
     ConfigFlag("--execution", "execution", "emulated (default: one program computes every stage) or "
                "devices (stage k on device k, 1F1B with ppermute; the device count must be a multiple "
                "of every P)", type=str, choices=EXECUTIONS),
@@ -240,7 +241,10 @@ def given(args) -> dict:
     value = getattr(args, f.dest)
     if value is not None:
       f.check(value)
-      out[f] = f.value(value)
+      try:
+        out[f] = f.value(value)
+      except ValueError as e:
+        raise ValueError(f"{f.flag}: {e}") from None
   return out
 
 
