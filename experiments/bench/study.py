@@ -108,7 +108,7 @@ def main(argv=None):
     jax.config.update("jax_enable_compilation_cache", False)
   steps = {} if args.steps is None else {"steps": args.steps}
   configs = [preset.config(m, p, s, **steps)
-             for s in args.seeds for m in (args.methods or preset.methods) for p in preset.stages]
+             for s in args.seeds for m in (args.methods or preset.methods) for p in preset.stage_counts]
   ds = data_lib.default_corpus(configs[0].model_config(256).context)
   print(f"backend {jax.default_backend()}; preset {preset.name}, {len(configs)} runs of {configs[0].steps} "
         f"steps, cache {args.cache}, in {work}")

@@ -29,7 +29,8 @@ def report_finished(plan, ds, out: pathlib.Path, target: pathlib.Path, command: 
   if not records:
     raise ValueError(f"--finished-only: no run of this plan has finished in {str(out)!r}")
   folders.clear_figures(target)
-  curves.write(target / curves.FILE, description.study_meta(plan.preset, ds, plan.stages, command), records)
+  meta = description.study_meta(plan.preset, ds, plan.stage_counts, command)
+  curves.write(target / curves.FILE, meta, records)
   report.build(target, command=command, published=plan.preset.published_folder())
   print(f"{len(records)} of {len(every)} runs finished: {target / 'report.md'}")
   return target
@@ -80,7 +81,7 @@ def main(argv=None) -> pathlib.Path:
       ablation_results = [(a, r) for (a, _), r in zip(plan.ablations, every[len(plan.main):])]
     wall = time.time() - t0
     if processes.is_primary():
-      meta = description.study_meta(preset, ds, plan.stages, command)
+      meta = description.study_meta(preset, ds, plan.stage_counts, command)
       records = [curves.record("main", r) for r in main_results]
       records += [curves.record(a, r) for a, r in ablation_results]
       curves.write(out / curves.FILE, meta, records)

@@ -16,7 +16,8 @@ class Preset:
   Attributes:
     name: preset name.
     template: the run config every run starts from (``dataclasses.replace`` sets the rest).
-    stages: pipeline depths P to sweep (P = 1 is the synchronous reference).
+    stage_counts: pipeline depths P to sweep (P = 1 is the synchronous reference); a run's own P
+      is ``RunConfig.stages``.
     methods: methods run at every P.
     learning_rates: peak learning rate per method; rotation variants share ``rotation``'s, the
       rest use ``default``. The main reading: with one ``default`` entry, every method shares it.
@@ -40,7 +41,7 @@ class Preset:
 
   name: str
   template: RunConfig
-  stages: tuple[int, ...]
+  stage_counts: tuple[int, ...]
   methods: tuple[str, ...]
   learning_rates: tuple[tuple[str, float], ...]
   tuned_rates: tuple[tuple[str, float], ...] = ()
@@ -86,7 +87,7 @@ PRESETS = {
     "smoke": Preset(
         name="smoke", template=RunConfig(model="cpu-tiny", batch_size=4, steps=40, chunk=10,
                                          eval_every=20, eval_batches=2, checkpoint_every=20),
-        stages=(1, 4), methods=("pipedream", "rotation"), learning_rates=(("default", 3e-3),),
+        stage_counts=(1, 4), methods=("pipedream", "rotation"), learning_rates=(("default", 3e-3),),
         smooth_fraction=0.1, plumbing=True),
     # The regime study (python -m experiments.studies.regime) chose the setting: among those that fit 20
     # minutes on 2 cores, the longest training relative to the largest delay (2,400 steps at
@@ -99,13 +100,13 @@ PRESETS = {
     "cpu": Preset(
         name="cpu", template=RunConfig(model="cpu-deep", batch_size=16, steps=2400, chunk=100,
                                        eval_every=1200, checkpoint_every=1200),
-        stages=(1, 16), methods=_CPU, seeds=(0, 1), learning_rates=(("default", 3e-3),),
+        stage_counts=(1, 16), methods=_CPU, seeds=(0, 1), learning_rates=(("default", 3e-3),),
         tuned_rates=(("rotation", 6e-3),), published="docs/results/cpu"),
     # The same regime with the whole P curve.
     "cpu-long": Preset(
         name="cpu-long", template=RunConfig(model="cpu-deep", batch_size=16, steps=2400, chunk=100,
                                             eval_every=1200, checkpoint_every=1200),
-        stages=(1, 2, 4, 8, 16), methods=_CPU, seeds=(0, 1, 2), learning_rates=(("default", 3e-3),),
+        stage_counts=(1, 2, 4, 8, 16), methods=_CPU, seeds=(0, 1, 2), learning_rates=(("default", 3e-3),),
         tuned_rates=(("rotation", 6e-3),)),
     # The width ladder (docs/protocol.md amendment 10): cpu-deep's 16 blocks at --width 32, 64 or
     # 128, the whole standard library seen once (single-pass sampling), 4,800 steps, validation on
@@ -114,13 +115,13 @@ PRESETS = {
         name="ladder", template=RunConfig(model="cpu-deep", batch_size=16, steps=4800, chunk=100,
                                           eval_every=1200, eval_batches=32, checkpoint_every=1200,
                                           warmup_steps=28, sampling="single-pass"),
-        stages=(1, 16), methods=("pipedream", "nesterov", "rotation", "muon"), seeds=(12, 13, 14, 15),
+        stage_counts=(1, 16), methods=("pipedream", "nesterov", "rotation", "muon"), seeds=(12, 13, 14, 15),
         learning_rates=(("default", 3e-3),), data="stdlib-all"),
     "gpu-95m": Preset(
         name="gpu-95m", template=RunConfig(model="paper-95m", batch_size=32, steps=10000, chunk=100,
                                            eval_every=1000, eval_batches=8, checkpoint_every=1000,
                                            remat="nothing_saveable", loss_chunk=2048),
-        stages=(1, 2, 4, 8, 16, 32), methods=_MAIN, learning_rates=(("default", 1e-3),),
+        stage_counts=(1, 2, 4, 8, 16, 32), methods=_MAIN, learning_rates=(("default", 1e-3),),
         ablations=("variants", "stage-aware", "no-stashing", "refresh-period"),
         smooth_fraction=0.02),
 }
