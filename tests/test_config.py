@@ -89,9 +89,11 @@ def test_every_committed_run_keeps_its_identity_and_an_edited_method_gets_a_new_
   assert run_name(fast, "sha", 256) != before["rotation-fast"]
   assert identity(fast, "sha", 256)["method"]["shampoo_beta"] == 0.9
   assert run_name(plain, "sha", 256) == before["rotation"]
-  edited = {**methods.KIND_CONSTANTS["rotation"], "b1": 0.95}
-  monkeypatch.setitem(methods.KIND_CONSTANTS, "rotation", edited)
+  # a constant of the kind (once a builder's, now a field of the value) edited in the method
+  monkeypatch.setitem(methods.METHODS, "rotation",
+                      dataclasses.replace(methods.METHODS["rotation"], max_precond_dim=4096))
   assert run_name(plain, "sha", 256) != before["rotation"]
+  assert identity(plain, "sha", 256)["method"]["max_precond_dim"] == 4096
   monkeypatch.setitem(methods.METHODS, "rotation-new", methods.METHODS["rotation"])  # a new name
   new = identity(RunConfig(method="rotation-new"), "sha", 256)
   assert new["method"] == methods.definition("rotation-new")

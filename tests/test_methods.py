@@ -148,7 +148,7 @@ def test_remedy_methods_are_listed_refused_where_they_cannot_run_and_named_by_th
   for base in methods.REMEDY_BASES:
     for remedy in methods.REMEDIES:
       m = methods.check_method(f"{base}+{remedy}")
-      assert m.remedy == remedy and dataclasses.replace(m, remedy=None) == methods.METHODS[base]
+      assert m.remedy == remedy and m.optimizer == methods.METHODS[base] and m.base == methods.METHODS[base]
   ok = RunConfig(method="pipedream+predict", stages=P, predict_scale=0.5)
   ok.validate()
   assert "-ps0.5_" in ok.name and "-ps" not in RunConfig(method="pipedream+predict", stages=P).name

@@ -15,7 +15,6 @@ import pipeline_sim as ps
 from experiments.harness import data as data_lib
 from experiments.harness import methods
 from experiments.harness import model as model_lib
-from rotation.options import check_decay
 
 EXECUTIONS = ("emulated", "devices")
 NAME = "name"  # a RunConfig field's metadata key: its format in the run's name
@@ -43,7 +42,8 @@ class RunConfig:
   never reused or resumed with other settings or other data.
 
   Attributes:
-    method: key of ``experiments.harness.methods.METHODS``.
+    method: key of ``experiments.harness.methods.METHODS``: the name of an optimizer value
+      (``experiments.harness.optimizers``); ``optimizer`` is the run's, with its settings below.
     stages: pipeline depth P (P = 1: synchronous training).
     seed: parameter initialisation and batch stream.
     mode: pipeline emulation, one of ``pipeline_sim.MODES``.
@@ -148,6 +148,13 @@ class RunConfig:
   diagnose_steps: int = _later(16)
 
   @property
+  def optimizer(self):
+    """The run's optimizer as a value (``experiments.harness.optimizers``): its method's with the
+    run's ``b1``, ``b2``, ``shampoo_beta``, ``refresh_every``, ``predict_scale`` and ``dc_lambda``
+    applied and checked (``methods.resolve``)."""
+    return methods.resolve(self)
+
+  @property
   def name(self) -> str:
     """A readable name (not unique: ``run_name`` adds the identity hash): the model, every named
     field that differs from its default (``NAME``), then mode, method, P, rate, steps, seed, tag."""
@@ -167,19 +174,14 @@ class RunConfig:
 
   def validate(self) -> None:
     """Every check that can fail before training starts."""
-    method = methods.check_method(self.method)
-    if method.remedy is not None:
+    optimizer = self.optimizer  # the method's value with this run's settings, each checked
+    if optimizer.remedy is not None:
       if self.execution != "emulated":
         raise ValueError(f"method {self.method!r} (a staleness remedy) runs in the emulated pipeline only, "
                          f"got execution {self.execution!r}")
-      if self.mode == "stale_gradients" or (method.remedy == "predict" and self.mode != "weight_stashing"):
+      if self.mode == "stale_gradients" or (optimizer.remedy == "predict" and self.mode != "weight_stashing"):
         raise ValueError(f"method {self.method!r} cannot mean mode {self.mode!r}: weight prediction needs "
                          "'weight_stashing', delay compensation 'weight_stashing' or 'no_stashing'")
-    for name, remedy in (("predict_scale", "predict"), ("dc_lambda", "dc")):
-      value = getattr(self, name)
-      if value is not None and (method.remedy != remedy or not (value >= 0 and value != float("inf"))):
-        raise ValueError(f"{name}={value!r} needs a '+{remedy}' method and a finite value >= 0 "
-                         f"(method {self.method!r})")
     if self.model not in model_lib.CONFIGS:
       raise ValueError(f"unknown model {self.model!r}; choose from {sorted(model_lib.CONFIGS)}")
     if self.mode not in ps.MODES:
@@ -225,17 +227,6 @@ class RunConfig:
       raise ValueError(f"unknown dtype {self.dtype!r}; choose from {model_lib.DTYPES}")
     if self.warmup_steps is not None and not 0 <= self.warmup_steps < self.steps:
       raise ValueError(f"warmup_steps must be in [0, steps={self.steps}), got {self.warmup_steps}")
-    if not 0 < self.b2 < 1:
-      raise ValueError(f"b2 must be in (0, 1), got {self.b2}")
-    if self.b1 is not None and not 0 <= self.b1 < 1:
-      raise ValueError(f"b1 must be in [0, 1), got {self.b1}")
-    if self.shampoo_beta is not None:
-      check_decay("shampoo_beta", self.shampoo_beta)  # the library's range, [0, 1)
-    if self.shampoo_beta is not None and methods.check_method(self.method).kind != "rotation":
-      raise ValueError(f"shampoo_beta is the decay of rotation's statistics; method {self.method!r} "
-                       "has none")
-    if self.refresh_every is not None and self.refresh_every < 1:
-      raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
     if self.diagnose_every is not None:
       if self.diagnose_every < 1 or self.diagnose_every % self.chunk:
         raise ValueError(f"diagnose_every={self.diagnose_every} must be a positive multiple of "
@@ -250,6 +241,19 @@ class RunConfig:
 # while at their default, the value that means "not used", so that adding an option never
 # invalidates finished runs that do not use it. A new option: a field with ``_named`` or ``_later``.
 OPTIONAL_FIELDS = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.metadata.get(LATER)}
+
+
+def recorded(config: dict) -> RunConfig:
+  """The ``RunConfig`` of a config recorded in a run's ``result.json`` or a curves file (a field it
+  predates takes its default)."""
+  names = {f.name for f in dataclasses.fields(RunConfig)}
+  return RunConfig(**{k: v for k, v in config.items() if k in names})
+
+
+def optimizer_of(config: dict):
+  """The optimizer value of a recorded run (``RunConfig.optimizer``): what a study reads of it, with
+  every default resolved there, never by the study."""
+  return recorded(config).optimizer
 
 
 # The model's numerics, part of every run's identity: 1 for runs made with the model's own einsum

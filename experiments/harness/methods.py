@@ -1,91 +1,52 @@
-"""Methods of the study: per-stage optax optimizers for every baseline and rotation variant."""
+"""Methods of the study: the names of the optimizer values (``experiments.harness.optimizers``) the
+study runs, and a run's per-stage optax optimizers."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-from typing import Any
-
-import jax
-import optax
 
 import pipeline_sim as ps
-import rotation
 from experiments.harness import learning_rates
-from experiments.harness import model as model_lib
-from rotation.options import statistics_decay
-
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-  """How one method builds its optimizer for pipeline stage k.
-
-  Attributes:
-    kind: ``adamw``, ``pipemare`` (PipeDream-LR), ``nadam`` (Nesterov), ``muon`` or ``rotation``.
-    source, geometry: rotation variant (docs/algorithms.md section 2).
-    refresh_every: uniform basis refresh period.
-    allocation: stage-aware refresh allocation (``uniform``, ``proportional``, ``reverse``).
-    first_order_step: first-order unilateral refresh, ``paper`` or ``power``.
-    bases: ``estimated`` (the paper's) or ``random`` (Adam in fixed Haar-random orthogonal bases,
-      drawn per stage from the run's seed): an ablation of the mechanism.
-    freeze_after: last step with a basis refresh (``None``: all run long): a frozen eigenbasis.
-    stage_lr: rotation with PipeDream-LR's (PipeMare's) per-stage learning-rate correction.
-    stage_b1: Nesterov with per-stage momentum ``b1_k = 0.9 + tau_k (0.99 - 0.9) / P``.
-    memory: ``uniform`` (every stage's statistics decay the run's ``shampoo_beta``, default ``b2``)
-      or ``stage`` (``rotation.stage_aware_decay`` of the stages' delays from that base: a
-      staleness-aware statistics memory).
-    shampoo_beta: the statistics decay of a rotation method that fixes one (``None``: the run's
-      ``shampoo_beta``, default ``b2``); the run's ``shampoo_beta``, when given, still wins.
-    remedy: ``None``, ``predict`` (weight prediction, ``Pipeline(predict=...)`` at the run's
-      ``predict_scale``) or ``dc`` (``pipeline_sim.dc_asgd`` around the optimizer at the run's
-      ``dc_lambda``, adaptive form): the field's staleness remedies on top of the method.
-  """
-
-  kind: str
-  source: str = "second"
-  geometry: str = "bilateral"
-  refresh_every: int = 10
-  allocation: str = "uniform"
-  first_order_step: str = "paper"
-  bases: str = "estimated"
-  freeze_after: int | None = None
-  stage_lr: bool = False
-  stage_b1: bool = False
-  memory: str = "uniform"
-  shampoo_beta: float | None = None
-  remedy: str | None = None
-
+from experiments.harness.optimizers import (
+  AdamW,
+  Context,
+  DelayCompensation,
+  Muon,
+  Nesterov,
+  Predict,
+  Rotation,
+  Spec,
+  describe,
+)
 
 METHODS = {
-    "pipedream": Method("adamw"),
-    "pipedream-lr": Method("pipemare"),
-    "nesterov": Method("nadam"),
-    "rotation": Method("rotation"),  # second-order source, bilateral (the paper's default)
-    "rotation-2nd-uni": Method("rotation", geometry="unilateral"),
-    "rotation-1st-bi": Method("rotation", source="first"),
-    "rotation-1st-uni": Method("rotation", source="first", geometry="unilateral"),  # the paper's step
-    "rotation-1st-uni-power": Method("rotation", source="first", geometry="unilateral",
-                                     first_order_step="power"),
-    "rotation-sa": Method("rotation", allocation="proportional"),
-    "rotation-sa-reverse": Method("rotation", allocation="reverse"),
-    "rotation-T100": Method("rotation", refresh_every=100),
+    "pipedream": AdamW(),
+    "pipedream-lr": AdamW(stage_lr=True),
+    "nesterov": Nesterov(),
+    "rotation": Rotation(),  # second-order source, bilateral (the paper's default)
+    "rotation-2nd-uni": Rotation(geometry="unilateral"),
+    "rotation-1st-bi": Rotation(source="first"),
+    "rotation-1st-uni": Rotation(source="first", geometry="unilateral"),  # the paper's step
+    "rotation-1st-uni-power": Rotation(source="first", geometry="unilateral", first_order_step="power"),
+    "rotation-sa": Rotation(allocation="proportional"),
+    "rotation-sa-reverse": Rotation(allocation="reverse"),
+    "rotation-T100": Rotation(refresh_every=100),
     # Beyond the paper: each stage's statistics memory shortened by its delay (base memory / (1 + tau_k)).
-    "rotation-stage-decay": Method("rotation", memory="stage"),
+    "rotation-stage-decay": Rotation(memory="stage"),
     # The uniform statistics decay the protocol's rule chose from the estimation-lag study at
     # T = 2,400 (docs/results/lag), fixed before any run of this method.
-    "rotation-fast": Method("rotation", shampoo_beta=0.95),
+    "rotation-fast": Rotation(shampoo_beta=0.95),
     # Basis ablations (issue: the mechanism): Adam in a random fixed basis, and the eigenbasis
     # estimated over the first 100 steps (10 refreshes) and then frozen.
-    "rotation-random": Method("rotation", bases="random"),
-    "rotation-frozen": Method("rotation", freeze_after=100),
+    "rotation-random": Rotation(bases="random"),
+    "rotation-frozen": Rotation(freeze_after=100),
     # The paper's appendix comparisons: rotation with the stage-wise rate correction, and Nesterov
     # with more momentum on the more delayed stages (meant for the no-stashing case).
-    "rotation-lr": Method("rotation", stage_lr=True),
-    "nesterov-stage": Method("nadam", stage_b1=True),
-    # Muon (optax.contrib.muon) on the kernels rotation rotates, its Adam (Nesterov) elsewhere; consistent RMS
-    # scaling (0.2) gives its updates AdamW's size, so that the two share a learning-rate scale.
-    "muon": Method("muon"),
+    "rotation-lr": Rotation(stage_lr=True),
+    "nesterov-stage": Nesterov(stage_b1=0.9),
+    "muon": Muon(),
 }
 
 
@@ -93,10 +54,10 @@ METHODS = {
 # (weight prediction) and "<method>+dc" (delay compensation); emulated pipelines only.
 REMEDIES = ("predict", "dc")
 REMEDY_BASES = ("pipedream", "muon", "rotation")
-METHODS.update({f"{base}+{remedy}": dataclasses.replace(METHODS[base], remedy=remedy)
+_WRAPPERS = {"predict": Predict, "dc": DelayCompensation}
+METHODS.update({f"{base}+{remedy}": _WRAPPERS[remedy](optimizer=METHODS[base])
                 for base in REMEDY_BASES for remedy in REMEDIES})
-PREDICT_SCALE = 1.0  # default predict_scale: extrapolate over the whole delay at the last step's rate
-DC_LAMBDA, DC_DECAY = 1.0, 0.95  # default dc_lambda; the adaptive form's mean-square decay (the paper's)
+PREDICT_SCALE, DC_LAMBDA = Predict.scale, DelayCompensation.lam  # the remedies' default settings
 
 BASELINES = ("pipedream", "pipedream-lr", "nesterov")  # the asynchronous baselines of the study
 VARIANTS = ("rotation", "rotation-2nd-uni", "rotation-1st-bi", "rotation-1st-uni")  # the 2 x 2 taxonomy
@@ -104,48 +65,36 @@ ALLOCATION_METHODS = ("rotation", "rotation-sa", "rotation-sa-reverse")  # unifo
 BASES = ("rotation-random", "rotation-frozen", "rotation")  # random, frozen, refreshed bases
 
 
-# The constants each kind's builder uses, part of what a method name means (``definition``).
-KIND_CONSTANTS = {
-    "adamw": {"b1": 0.9},
-    "pipemare": {"b1": 0.9},
-    "nadam": {"b1": 0.99, "stage_b1_base": 0.9},
-    "muon": {"beta": 0.95, "adam_b1": 0.9, "consistent_rms": 0.2},
-    "rotation": {"b1": 0.9, "block_size": None, "max_precond_dim": 10_000},
-}
-REMEDY_CONSTANTS = {"predict": {"predict_scale": PREDICT_SCALE},
-                    "dc": {"dc_lambda": DC_LAMBDA, "dc_decay": DC_DECAY}}
-
-
 def definition(name: str) -> dict:
-  """What the method ``name`` means, resolved: its ``Method``'s fields with its kind's constants
-  (and its remedy's), as plain values. A run's identity holds it wherever it is not the meaning the
-  name had when the published runs were made (``PUBLISHED``)."""
-  m = check_method(name)
-  return {**dataclasses.asdict(m), **KIND_CONSTANTS[m.kind], **REMEDY_CONSTANTS.get(m.remedy, {})}
+  """What the method ``name`` means, resolved: its value as plain data (``optimizers.describe``). A
+  run's identity holds it wherever it is not the meaning the name had when the published runs were
+  made (``PUBLISHED``)."""
+  return describe(check_method(name))
 
 
 def digest(name: str) -> str:
   return hashlib.sha256(json.dumps(definition(name), sort_keys=True).encode()).hexdigest()[:16]
 
 
-# What every method name meant when the committed runs were trained (``digest`` of its definition, on
-# December 7 2026). Never edit an entry: a method whose definition no longer matches its digest here
-# (an edited method) puts its whole definition into its runs' identities, so that its runs get new
-# folders and no finished run is reused under another meaning; a method added later has no entry
-# and always does. Runs of the names below, as defined below, keep the identities they were
-# published with.
+# What every method name meant when the committed runs were trained (``digest`` of its definition;
+# written again on December 7 2026 when the methods became values, ``experiments.harness.optimizers``:
+# every method's optimizers updated as before to the bit, docs/names.md). Never edit an entry: a
+# method whose definition no longer matches its digest here (an edited method) puts its whole
+# definition into its runs' identities, so that its runs get new folders and no finished run is
+# reused under another meaning; a method added later has no entry and always does. Runs of the
+# names below, as defined below, keep the identities they were published with.
 PUBLISHED = {
-    "pipedream": "b6b98247517884d3", "pipedream-lr": "5594aa8eba588de2", "nesterov": "3fdf1a22dcad5aa7",
-    "rotation": "dcfb420f4c6cb375", "rotation-2nd-uni": "f16f3ce76f1c5b63",
-    "rotation-1st-bi": "bdae833c42af2e10", "rotation-1st-uni": "92f69f7a3ae7dc40",
-    "rotation-1st-uni-power": "22878059c02a9f83", "rotation-sa": "a0fa3e67e4ebcaf3",
-    "rotation-sa-reverse": "2af244f47a4016c2", "rotation-T100": "4b0ea7a4b7d72f53",
-    "rotation-stage-decay": "7e2965c0633b6dc8", "rotation-fast": "f8b8c8b56802ab37",
-    "rotation-random": "9ddfe3d21cec547e", "rotation-frozen": "bc7da5ed065c2134",
-    "rotation-lr": "a01f97eee21ac86a", "nesterov-stage": "237119035985db29", "muon": "087bec3c68d9baff",
-    "pipedream+predict": "5fca38bc7d0cad87", "pipedream+dc": "d4b740f02cff2c24",
-    "muon+predict": "2ccaf0b792490251", "muon+dc": "77b2acedb59cd18b",
-    "rotation+predict": "8f7c9a2ed14548e4", "rotation+dc": "9014401751da1d62",
+    "pipedream": "30ec06bfae084b02", "pipedream-lr": "5723b402cd73277d", "nesterov": "830790c3940b2750",
+    "rotation": "b5bd5a4573553220", "rotation-2nd-uni": "a4cfa0d7c1a96ab7",
+    "rotation-1st-bi": "cb4edcfb343d2c1d", "rotation-1st-uni": "c4e3454211664fa9",
+    "rotation-1st-uni-power": "0af14d89c9568af6", "rotation-sa": "df4b9d9db68f9828",
+    "rotation-sa-reverse": "e28ac0a2d732793b", "rotation-T100": "2a3f0fe3f675fdc0",
+    "rotation-stage-decay": "ddf4d4ea9ef31a12", "rotation-fast": "894dcc155b2cf5e3",
+    "rotation-random": "27f39df4e89b8308", "rotation-frozen": "f25831b432435242",
+    "rotation-lr": "1304181398dc22b3", "nesterov-stage": "b8574c785ed8f3f6", "muon": "5142b05d6e358498",
+    "pipedream+predict": "346e0aa695d95ef0", "pipedream+dc": "e74f9a9cd1c0b029",
+    "muon+predict": "4d8ce0b51585f00f", "muon+dc": "b8fe5bad3707bf73",
+    "rotation+predict": "a0e85519040ba590", "rotation+dc": "ea289b7c8da173de",
 }
 
 
@@ -155,106 +104,57 @@ def reference(name: str) -> str:
   is its optimizer's run (mathematically the same run; compiled as another program, it agrees to
   round-off only); a staleness-aware memory's (``memory="stage"``: an undelayed stage keeps the base
   decay) is the same method with the uniform memory, ``rotation-stage-decay``'s ``rotation``'s."""
-  method = check_method(name)
-  if method.remedy:
+  spec = check_method(name)
+  if spec.remedy:
     return name.partition("+")[0]
-  if method.memory == "stage":
-    uniform = dataclasses.replace(method, memory="uniform")
+  if getattr(spec, "memory", None) == "stage":
+    uniform = dataclasses.replace(spec, memory="uniform")
     return next((n for n, m in METHODS.items() if m == uniform), name)
   return name
 
 
-def check_method(name: str) -> Method:
+def check_method(name: str) -> Spec:
   if name not in METHODS:
     raise ValueError(f"unknown method {name!r}; choose from {sorted(METHODS)}")
   return METHODS[name]
 
 
+# What a run setting that a method does not take means, for the error that names both.
+_NOT_TAKEN = {
+    "shampoo_beta": "shampoo_beta is the decay of rotation's statistics; method {method!r} has none",
+    "refresh_every": "refresh_every is rotation's basis refresh period; method {method!r} has none",
+    "predict_scale": "predict_scale={value!r} needs a '+predict' method (method {method!r})",
+    "dc_lambda": "dc_lambda={value!r} needs a '+dc' method (method {method!r})",
+}
+
+
+def resolve(config) -> Spec:
+  """A run's optimizer: its method's value with the run's settings applied, each checked once (a
+  ``ValueError`` naming the setting and the method)."""
+  settings = {name: getattr(config, name) for name in OVERRIDDEN}
+  try:
+    return check_method(config.method).overridden(**settings)
+  except KeyError as e:
+    name = e.args[0]
+    raise ValueError(_NOT_TAKEN[name].format(method=config.method, value=settings[name])) from None
+
+
+OVERRIDDEN = ("b1", "b2", "shampoo_beta", "refresh_every", "predict_scale", "dc_lambda")  # RunConfig's
+
+
 def run_optimizers(config) -> ps.StageOptimizers:
   """One optimizer per stage for ``config`` (an ``experiments.harness.runs.RunConfig``), each behind
-  per-stage gradient clipping at ``config.clip_norm``: the method's kind's builder (``BUILDERS``)
-  for each stage, built for the delays of the run's schedule (a pipeline of another refuses them)."""
-  method = check_method(config.method)
+  per-stage gradient clipping at ``config.clip_norm``: its resolved value's ``build`` for each stage,
+  for the delays of the run's schedule (a pipeline of another refuses them)."""
+  spec = resolve(config)
   delays = ps.stage_delays(config.stages, config.schedule)
-  stage = BuildContext(config, method, learning_rates.warmup_cosine(config), delays)
-  build = BUILDERS[method.kind]
-  if method.remedy == "dc":
-    lam = DC_LAMBDA if config.dc_lambda is None else config.dc_lambda
-    return ps.per_stage(lambda k: ps.dc_asgd(build(stage, k), lam, DC_DECAY), config.stages,
-                        clip_norm=config.clip_norm, delays=delays)
-  return ps.per_stage(lambda k: build(stage, k), config.stages, clip_norm=config.clip_norm, delays=delays)
+  context = Context(learning_rates.warmup_cosine(config), delays, config.weight_decay, config.seed,
+                    max(1, int(config.pipemare_fraction * config.steps)))
+  return ps.per_stage(lambda k: spec.build(context, k), config.stages, clip_norm=config.clip_norm,
+                      delays=delays)
 
 
 def predict_scale(config) -> float | None:
   """The ``Pipeline(predict=...)`` scale of a run: ``None`` unless its method predicts."""
-  if check_method(config.method).remedy != "predict":
-    return None
-  return PREDICT_SCALE if config.predict_scale is None else config.predict_scale
-
-
-@dataclasses.dataclass(frozen=True)
-class BuildContext:
-  """What every builder reads: the run's config, its method, its learning-rate schedule and the
-  stages' delays."""
-
-  config: Any
-  method: Method
-  lr: optax.Schedule
-  delays: tuple
-
-  def b1(self, own: float) -> float:
-    """The method's own first-moment decay unless the run sets one for every method."""
-    return own if self.config.b1 is None else self.config.b1
-
-  @property
-  def transition(self) -> int:  # PipeDream-LR's T_c in steps
-    return max(1, int(self.config.pipemare_fraction * self.config.steps))
-
-
-def _adamw(s: BuildContext, k: int):
-  own = KIND_CONSTANTS["adamw"]
-  return ps.pipedream(s.lr, b1=s.b1(own["b1"]), b2=s.config.b2, weight_decay=s.config.weight_decay)
-
-
-def _pipemare(s: BuildContext, k: int):
-  own = KIND_CONSTANTS["pipemare"]
-  return ps.pipedream_lr(s.lr, s.delays[k], s.transition, b1=s.b1(own["b1"]), b2=s.config.b2,
-                         weight_decay=s.config.weight_decay)
-
-
-def _nadam(s: BuildContext, k: int):
-  own = KIND_CONSTANTS["nadam"]
-  b1 = (ps.nesterov_stage_b1(own["stage_b1_base"], s.delays[k], s.config.stages) if s.method.stage_b1
-        else own["b1"])
-  return ps.nesterov(s.lr, b1=s.b1(b1), b2=s.config.b2, weight_decay=s.config.weight_decay)
-
-
-def _muon(s: BuildContext, k: int):
-  own, wd = KIND_CONSTANTS["muon"], s.config.weight_decay
-  dims = lambda params: jax.tree.map(
-      lambda m: optax.contrib.MuonDimensionNumbers() if m else None, model_lib.rotation_mask(params))
-  return optax.contrib.muon(s.lr, beta=s.b1(own["beta"]), weight_decay=wd, adam_b1=s.b1(own["adam_b1"]),
-                            adam_b2=s.config.b2, adam_weight_decay=wd, muon_weight_dimension_numbers=dims,
-                            consistent_rms=own["consistent_rms"])
-
-
-def _rotation(s: BuildContext, k: int):
-  c, m = s.config, s.method
-  periods = rotation.stage_aware_refresh(s.delays, c.refresh_every or m.refresh_every, m.allocation)
-  bases = jax.random.fold_in(jax.random.key(c.seed), k) if m.bases == "random" else None
-  rate = ps.pipemare_lr_schedule(s.lr, s.delays[k], s.transition) if m.stage_lr else s.lr
-  shampoo_beta = m.shampoo_beta if c.shampoo_beta is None else c.shampoo_beta
-  if m.memory == "stage":  # a number per stage, from the library's own resolution of the default
-    shampoo_beta = rotation.stage_aware_decay(s.delays, statistics_decay(shampoo_beta, c.b2))[k]
-  own = KIND_CONSTANTS["rotation"]
-  return rotation.basis_rotation(rate, b1=s.b1(own["b1"]), b2=c.b2, shampoo_beta=shampoo_beta,
-                                 weight_decay=c.weight_decay, source=m.source, geometry=m.geometry,
-                                 refresh_every=periods[k], first_order_step=m.first_order_step,
-                                 weight_dimension_numbers=model_lib.rotation_dims,
-                                 block_size=own["block_size"], max_precond_dim=own["max_precond_dim"],
-                                 ablation=rotation.Ablation(bases, m.freeze_after))
-
-
-# The registry of kinds: a new method is an entry of METHODS (a Method of an existing kind) or a new
-# kind here, ``(BuildContext, stage index) -> optax.GradientTransformation``.
-BUILDERS = {"adamw": _adamw, "pipemare": _pipemare, "nadam": _nadam, "muon": _muon, "rotation": _rotation}
+  spec = resolve(config)
+  return spec.scale if spec.remedy == "predict" else None

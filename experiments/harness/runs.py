@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pipeline_sim as ps
-from experiments.harness import learning_rates, methods, provenance
+from experiments.harness import learning_rates, methods, optimizers, provenance
 from experiments.harness import model as model_lib
 from experiments.harness.checkpoints import _Checkpoints
 from experiments.harness.config import OutOfMemory, RunConfig, identity, out_of_memory
@@ -207,6 +207,7 @@ class _Record:
     steady = timing["steady_steps"] / timing["steady_seconds"] if timing["steady_seconds"] else None
     result = {
         "name": run_dir.name, "config": dataclasses.asdict(c), "identity": ident,
+        "optimizer": optimizers.describe(c.optimizer),  # what the method meant, resolved, for this run
         "status": status, "steps_done": int(step), "losses": [float(x) for x in self.losses],
         "val_steps": [i * c.eval_every for i in range(len(self.val_losses))],
         "val_losses": [float(x) for x in self.val_losses],

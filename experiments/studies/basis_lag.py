@@ -46,7 +46,6 @@ from experiments.report import plots
 from experiments.studies import write_summary
 from experiments.studies.hessian import run_bases
 from experiments.sweep import presets
-from rotation.options import statistics_decay
 
 
 def off_diagonal(q, s) -> float:
@@ -124,10 +123,10 @@ def measure(decay: float | None, args, ds, progress=print) -> dict:
     values, previous = checkpoint(grad_fn, state.params, bases, labels, window(config.seed, step),
                                   window(config.seed + 10_000, step), previous)
     points.append({"step": step, "stages": {str(k): v for k, v in sorted(values.items())}})
-    progress(f"decay {statistics_decay(decay, config.b2):g} step {step}: stage 0 lag "
+    progress(f"decay {config.optimizer.statistics_decay:g} step {step}: stage 0 lag "
              f"{values[0]['lag']:.3f}, last stage lag {values[config.stages - 1]['lag']:.3f} "
              f"({time.time() - start:.0f} s)")
-  return {"decay": statistics_decay(decay, config.b2), "config": dataclasses.asdict(config), "points": points,
+  return {"decay": config.optimizer.statistics_decay, "config": dataclasses.asdict(config), "points": points,
           "seconds": time.time() - start}
 
 

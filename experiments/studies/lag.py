@@ -29,17 +29,17 @@ import argparse
 import pathlib
 
 from experiments import cli
+from experiments.harness.config import optimizer_of
 from experiments.report import claims, curves, metrics, plots
 from experiments.report.tables import curves_by, seed_tables
 from experiments.studies import write_summary
-from rotation.options import statistics_decay
 
 REFERENCE = 0.999  # the paper's decay (b2)
 
 
 def decay_of(config) -> float:
-  """A run's statistics decay (``shampoo_beta``; ``None`` follows ``b2``)."""
-  return float(statistics_decay(config.get("shampoo_beta"), config["b2"]))
+  """A rotation run's statistics decay, as its recorded optimizer applies it."""
+  return float(optimizer_of(config).statistics_decay)
 
 
 def rotation_runs(sources) -> tuple[dict, list]:

@@ -29,19 +29,20 @@ import numpy as np
 
 from experiments import cli
 from experiments.harness import methods
+from experiments.harness.config import optimizer_of
 from experiments.report import claims, curves, metrics
 from experiments.studies import write_summary
 
 BLOCK = 100  # training-loss block mean stored per run
-SCALE = {"predict": "predict_scale", "dc": "dc_lambda"}
-DEFAULT = {"predict": methods.PREDICT_SCALE, "dc": methods.DC_LAMBDA}
+DEFAULT = {"predict": methods.PREDICT_SCALE, "dc": methods.DC_LAMBDA}  # each remedy's own scale
 
 
 def key(config: dict) -> tuple:
-  """``(method, schedule, P, scale)`` of a run; P = 1 is one run under either schedule."""
-  remedy = methods.check_method(config["method"]).remedy
-  scale = None if remedy is None else config.get(SCALE[remedy])
-  scale = DEFAULT[remedy] if remedy is not None and scale is None else scale
+  """``(method, schedule, P, scale)`` of a run (the scale its recorded optimizer applies); P = 1 is
+  one run under either schedule."""
+  optimizer = optimizer_of(config)
+  scale = {"predict": getattr(optimizer, "scale", None), "dc": getattr(optimizer, "lam", None)}.get(
+      optimizer.remedy)
   schedule = "1f1b" if config["stages"] == 1 else config.get("schedule", "1f1b")
   return config["method"], schedule, config["stages"], scale
 

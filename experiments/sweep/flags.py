@@ -17,6 +17,7 @@ from experiments import cli
 from experiments.harness import methods as methods_lib
 from experiments.harness import model as model_lib
 from experiments.harness.config import EXECUTIONS, RunConfig
+from experiments.harness.optimizers import Rotation
 from experiments.report import ablations as ablations_lib
 from experiments.report import curves
 from experiments.sweep import presets as presets_lib
@@ -46,7 +47,7 @@ class ConfigFlag:
     minimum: the smallest value allowed, checked here and named by the flag.
     value: the flag's value -> the field's (``--loss-chunk 0`` is ``None``, off).
     applies: ``None`` sets the template (every run); else a test of the method
-      (``experiments.harness.methods.Method``) whose runs it sets.
+      (its optimizer value, ``experiments.harness.optimizers``) whose runs it sets.
     choices: argparse's choices.
   """
 
@@ -72,7 +73,7 @@ class ConfigFlag:
 
 
 def _rotation(m) -> bool:
-  return m.kind == "rotation"
+  return isinstance(m.base, Rotation)
 
 
 def _remedy(name):
@@ -89,7 +90,7 @@ _STUDY = (
     ConfigFlag("--width", "width", "model width (default: the model's), with heads of the model's head "
                "size", minimum=1),
     ConfigFlag("--refresh-every", "refresh_every", "basis refresh period of rotation methods (default: "
-               "each method's own, 10)", minimum=1),
+               "each method's own, 10)", minimum=1, applies=_rotation),
     ConfigFlag("--sampling", "sampling", "training batches: 'random' windows (default) or "
                "'single-pass' (no training token seen twice: the runs must fit in one pass over the "
                "data's training split; --data stdlib-all holds about 28M training tokens)", type=str,

@@ -7,6 +7,7 @@ import pathlib
 
 from experiments.harness import methods as methods_lib
 from experiments.harness.config import RunConfig
+from experiments.harness.optimizers import Rotation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Preset:
     table = dict(self.learning_rates)
     if method in table:
       return table[method]
-    if methods_lib.check_method(method).kind == "rotation" and "rotation" in table:
+    if isinstance(methods_lib.check_method(method).base, Rotation) and "rotation" in table:
       return table["rotation"]
     return table["default"]
 

@@ -1,0 +1,297 @@
+"""The study's optimizers as values: one frozen dataclass per kind, each checking its ranges once,
+when it is constructed, with ``build(context, k)`` returning pipeline stage k's
+``optax.GradientTransformation``.
+
+``experiments.harness.methods.METHODS`` names the values the study runs; a run's optimizer is its
+method's value with the run's own settings applied (``overridden``: ``--b1``, ``--b2``,
+``--shampoo-beta``, ``--refresh-every``, ``--predict-scale``, ``--dc-lambda``), and what the run
+records (``describe``). A new method is one entry of ``METHODS``; a new knob is a field here (and
+a flag row, ``experiments.sweep.flags``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import jax
+import optax
+
+import pipeline_sim as ps
+import rotation
+from experiments.harness import model as model_lib
+from rotation.options import FIRST_ORDER_STEPS, GEOMETRIES, SOURCES, check_decay, statistics_decay
+
+MEMORIES = ("uniform", "stage")
+BASES = ("estimated", "random")
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """What every stage's optimizer is built from beside its value: the run's learning-rate
+  schedule, the stages' delays (the pipeline's schedule's), the run's weight decay and seed, and
+  PipeDream-LR's transition ``T_c`` in steps."""
+
+  lr: optax.Schedule
+  delays: tuple
+  weight_decay: float
+  seed: int
+  transition: int
+
+
+def _unit(name: str, value, low_open: bool = False) -> None:
+  """``value`` in [0, 1) (``low_open``: (0, 1))."""
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+      0 < value < 1 if low_open else 0 <= value < 1)
+  if not ok:
+    raise ValueError(f"{name} must be in {'(0, 1)' if low_open else '[0, 1)'}, got {value!r}")
+
+
+def _choice(name: str, value, choices) -> None:
+  if value not in choices:
+    raise ValueError(f"unknown {name} {value!r}; choose from {choices}")
+
+
+def _scale(name: str, value) -> None:
+  number = isinstance(value, (int, float)) and not isinstance(value, bool)
+  if not number or not (value >= 0 and math.isfinite(value)):
+    raise ValueError(f"{name}={value!r} needs a finite value >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """What every kind has: ``KIND`` (its name in a run's record), ``remedy`` (the staleness remedy a
+  wrapper adds, else ``None``), ``base`` (the optimizer under any remedy) and the run settings it
+  takes (``OVERRIDES``: a run setting -> the fields it sets)."""
+
+  KIND: ClassVar[str] = ""
+  OVERRIDES: ClassVar[dict] = {}
+  remedy: ClassVar[str | None] = None
+
+  @property
+  def base(self) -> Spec:
+    return self
+
+  def overridden(self, **settings) -> Spec:
+    """This value with the run's settings that are not ``None`` applied; a setting it does not
+    take is a ``KeyError`` naming it."""
+    changes = {}
+    for name, value in settings.items():
+      if value is None:
+        continue
+      if name not in self.OVERRIDES:
+        raise KeyError(name)
+      changes.update(dict.fromkeys(self.OVERRIDES[name], value))
+    return dataclasses.replace(self, **changes) if changes else self
+
+  def build(self, context: Context, k: int) -> optax.GradientTransformation:
+    raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamW(Spec):
+  """PipeDream's AdamW; ``stage_lr``: PipeDream-LR (PipeMare's per-stage learning-rate correction,
+  ``pipeline_sim.pipedream_lr``)."""
+
+  KIND: ClassVar[str] = "adamw"
+  OVERRIDES: ClassVar[dict] = {"b1": ("b1",), "b2": ("b2",)}
+  b1: float = 0.9
+  b2: float = 0.999
+  stage_lr: bool = False
+
+  def __post_init__(self):
+    _unit("b1", self.b1)
+    _unit("b2", self.b2, low_open=True)
+
+  def build(self, context: Context, k: int):
+    c = context
+    if self.stage_lr:
+      return ps.pipedream_lr(c.lr, c.delays[k], c.transition, b1=self.b1, b2=self.b2,
+                             weight_decay=c.weight_decay)
+    return ps.pipedream(c.lr, b1=self.b1, b2=self.b2, weight_decay=c.weight_decay)
+
+
+@dataclasses.dataclass(frozen=True)
+class Nesterov(Spec):
+  """The Nesterov baseline (PyTorch NAdam, ``pipeline_sim.nesterov``); ``stage_b1``: the base of
+  the per-stage momentum ``b1_k = base + tau_k (0.99 - base) / P`` (``None``: ``b1`` at every
+  stage). A run's ``b1`` sets every stage's momentum."""
+
+  KIND: ClassVar[str] = "nesterov"
+  OVERRIDES: ClassVar[dict] = {"b1": ("b1",), "b2": ("b2",)}
+  b1: float = 0.99
+  b2: float = 0.999
+  stage_b1: float | None = None
+
+  def overridden(self, **settings) -> Spec:
+    out = super().overridden(**settings)
+    return out if settings.get("b1") is None else dataclasses.replace(out, stage_b1=None)
+
+  def __post_init__(self):
+    _unit("b1", self.b1)
+    _unit("b2", self.b2, low_open=True)
+    if self.stage_b1 is not None:
+      _unit("stage_b1", self.stage_b1)
+
+  def build(self, context: Context, k: int):
+    c = context
+    b1 = self.b1 if self.stage_b1 is None else ps.nesterov_stage_b1(self.stage_b1, c.delays[k], len(c.delays))
+    return ps.nesterov(c.lr, b1=b1, b2=self.b2, weight_decay=c.weight_decay)
+
+
+@dataclasses.dataclass(frozen=True)
+class Muon(Spec):
+  """Muon (``optax.contrib.muon``) on the kernels rotation rotates, its AdamW elsewhere; consistent
+  RMS scaling gives its updates AdamW's size, so that the two share a learning-rate scale. A run's
+  ``b1`` sets both momenta."""
+
+  KIND: ClassVar[str] = "muon"
+  OVERRIDES: ClassVar[dict] = {"b1": ("beta", "adam_b1"), "b2": ("b2",)}
+  beta: float = 0.95
+  adam_b1: float = 0.9
+  b2: float = 0.999
+  consistent_rms: float = 0.2
+
+  def __post_init__(self):
+    _unit("beta", self.beta)
+    _unit("adam_b1", self.adam_b1)
+    _unit("b2", self.b2, low_open=True)
+
+  def build(self, context: Context, k: int):
+    wd = context.weight_decay
+    dims = lambda params: jax.tree.map(
+        lambda m: optax.contrib.MuonDimensionNumbers() if m else None, model_lib.rotation_mask(params))
+    return optax.contrib.muon(context.lr, beta=self.beta, weight_decay=wd, adam_b1=self.adam_b1,
+                              adam_b2=self.b2, adam_weight_decay=wd, muon_weight_dimension_numbers=dims,
+                              consistent_rms=self.consistent_rms)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rotation(Spec):
+  """Basis rotation (``rotation.basis_rotation``; docs/algorithms.md section 2).
+
+  Attributes:
+    b1, b2: its moments' decays.
+    shampoo_beta: the decay of its ``L``, ``R`` statistics; ``None`` follows ``b2``
+      (``statistics_decay``, resolved by ``rotation.options.statistics_decay``).
+    source, geometry, first_order_step: the variant (the paper's 2 x 2 taxonomy).
+    refresh_every: the basis refresh period; ``allocation``: the stage-aware rule
+      (``rotation.stage_aware_refresh``: ``uniform``, ``proportional``, ``reverse``).
+    bases: ``estimated`` (the paper's) or ``random`` (Adam in fixed Haar-random orthogonal bases,
+      drawn per stage from the run's seed): an ablation of the mechanism.
+    freeze_after: the last step with a refresh (``None``: all run long): a frozen eigenbasis.
+    stage_lr: with PipeDream-LR's per-stage learning-rate correction.
+    memory: ``uniform`` (every stage's statistics decay ``statistics_decay``) or ``stage``
+      (``rotation.stage_aware_decay`` of the stages' delays from it).
+    block_size, max_precond_dim: the library's blocking of long sides.
+  """
+
+  KIND: ClassVar[str] = "rotation"
+  OVERRIDES: ClassVar[dict] = {"b1": ("b1",), "b2": ("b2",), "shampoo_beta": ("shampoo_beta",),
+                               "refresh_every": ("refresh_every",)}
+  b1: float = 0.9
+  b2: float = 0.999
+  shampoo_beta: float | None = None
+  source: str = "second"
+  geometry: str = "bilateral"
+  first_order_step: str = "paper"
+  refresh_every: int = 10
+  allocation: str = "uniform"
+  bases: str = "estimated"
+  freeze_after: int | None = None
+  stage_lr: bool = False
+  memory: str = "uniform"
+  block_size: int | None = None
+  max_precond_dim: int = 10_000
+
+  def __post_init__(self):
+    _unit("b1", self.b1)
+    _unit("b2", self.b2, low_open=True)
+    if self.shampoo_beta is not None:
+      check_decay("shampoo_beta", self.shampoo_beta)  # the library's range, [0, 1)
+    _choice("source", self.source, SOURCES)
+    _choice("geometry", self.geometry, GEOMETRIES)
+    _choice("first_order_step", self.first_order_step, FIRST_ORDER_STEPS)
+    _choice("allocation", self.allocation, rotation.ALLOCATIONS)
+    _choice("bases", self.bases, BASES)
+    _choice("memory", self.memory, MEMORIES)
+    period = self.refresh_every
+    if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+      raise ValueError(f"refresh_every must be an int >= 1, got {self.refresh_every!r}")
+
+  @property
+  def statistics_decay(self) -> float:
+    return statistics_decay(self.shampoo_beta, self.b2)
+
+  def build(self, context: Context, k: int):
+    c = context
+    periods = rotation.stage_aware_refresh(c.delays, self.refresh_every, self.allocation)
+    bases = jax.random.fold_in(jax.random.key(c.seed), k) if self.bases == "random" else None
+    rate = ps.pipemare_lr_schedule(c.lr, c.delays[k], c.transition) if self.stage_lr else c.lr
+    decay = self.shampoo_beta  # None: the library follows b2 (as statistics_decay)
+    if self.memory == "stage":  # a number per stage
+      decay = rotation.stage_aware_decay(c.delays, self.statistics_decay)[k]
+    return rotation.basis_rotation(rate, b1=self.b1, b2=self.b2, shampoo_beta=decay,
+                                   weight_decay=c.weight_decay, source=self.source, geometry=self.geometry,
+                                   refresh_every=periods[k], first_order_step=self.first_order_step,
+                                   weight_dimension_numbers=model_lib.rotation_dims,
+                                   block_size=self.block_size, max_precond_dim=self.max_precond_dim,
+                                   ablation=rotation.Ablation(bases, self.freeze_after))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Remedy(Spec):
+  """A staleness remedy around another optimizer: the run settings it does not take go to it."""
+
+  optimizer: Any = None
+
+  @property
+  def base(self) -> Spec:
+    return self.optimizer.base
+
+  def overridden(self, **settings) -> Spec:
+    own = {k: v for k, v in settings.items() if k in self.OVERRIDES}
+    inner = self.optimizer.overridden(**{k: v for k, v in settings.items() if k not in self.OVERRIDES})
+    return dataclasses.replace(super().overridden(**own), optimizer=inner)
+
+
+@dataclasses.dataclass(frozen=True)
+class Predict(_Remedy):
+  """Weight prediction (``Pipeline(predict=scale)``, emulated pipelines only) over ``optimizer``:
+  the pipeline extrapolates the stashed weights; the optimizer is the one it wraps."""
+
+  KIND: ClassVar[str] = "predict"
+  OVERRIDES: ClassVar[dict] = {"predict_scale": ("scale",)}
+  remedy: ClassVar[str] = "predict"
+  scale: float = 1.0  # extrapolate over the whole delay at the last step's rate
+
+  def __post_init__(self):
+    _scale("predict_scale", self.scale)
+
+  def build(self, context: Context, k: int):
+    return self.optimizer.build(context, k)
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayCompensation(_Remedy):
+  """DC-ASGD's delay compensation (``pipeline_sim.dc_asgd``, adaptive form) around ``optimizer``."""
+
+  KIND: ClassVar[str] = "dc"
+  OVERRIDES: ClassVar[dict] = {"dc_lambda": ("lam",)}
+  remedy: ClassVar[str] = "dc"
+  lam: float = 1.0
+  decay: float = 0.95  # the adaptive form's mean-square decay (the paper's)
+
+  def __post_init__(self):
+    _scale("dc_lambda", self.lam)
+    _unit("decay", self.decay)
+
+  def build(self, context: Context, k: int):
+    return ps.dc_asgd(self.optimizer.build(context, k), self.lam, self.decay)
+
+
+def describe(spec: Spec) -> dict:
+  """A value as plain data: its kind and its fields (a wrapped optimizer described alike)."""
+  fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+  return {"kind": spec.KIND, **{k: describe(v) if isinstance(v, Spec) else v for k, v in fields.items()}}
