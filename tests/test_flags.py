@@ -21,7 +21,8 @@ EXPECTED = {
     "--fsdp": (None, "fsdp", True), "--diagnose-every": ("20", "diagnose_every", 20),
     "--diagnose-steps": ("4", "diagnose_steps", 4), "--sampling": ("single-pass", "sampling", "single-pass"),
 }
-ONLY = {"--shampoo-beta": "rotation", "--refresh-every": "rotation-sa", "--predict-scale": "pipedream+predict", "--dc-lambda": "muon+dc"}
+ONLY = {"--shampoo-beta": "rotation", "--refresh-every": "rotation-sa",
+        "--predict-scale": "pipedream+predict", "--dc-lambda": "muon+dc"}
 
 
 def test_the_table_covers_the_flags_written_here():

@@ -58,7 +58,8 @@ def test_a_run_records_its_method_as_plain_data():
   described = opt.describe(methods.METHODS["rotation+dc"])
   assert described["kind"] == "dc" and described["optimizer"]["kind"] == "rotation"
   assert described["optimizer"]["refresh_every"] == 10 and described["lam"] == 1.0
-  assert methods.definition("nesterov-stage") == {"kind": "nesterov", "b1": 0.99, "b2": 0.999, "stage_b1": 0.9}
+  assert methods.definition("nesterov-stage") == {"kind": "nesterov", "b1": 0.99, "b2": 0.999,
+                                                  "stage_b1": 0.9}
 
 
 def test_a_new_method_is_one_entry(monkeypatch):
