@@ -109,7 +109,7 @@ def test_the_statistics_decay_is_resolved_and_its_range_checked_in_one_place():
   from rotation.options import resolve, statistics_decay
 
   assert statistics_decay(None, 0.99) == 0.99 and statistics_decay(0.95, 0.99) == 0.95
-  assert lag.decay_of({"shampoo_beta": None, "b2": 0.99}) == 0.99
+  assert lag.decay_of({"method": "rotation", "shampoo_beta": None, "b2": 0.99}) == 0.99  # a recorded run
   kwargs = dict(source="second", geometry="bilateral", refresh_every=10, b1=None, eps=1e-8, block_size=None,
                 max_precond_dim=None, precond_dtype=None, precision=None, first_order_step="paper",
                 stagger=False, orthonormalization="qr", batch_refresh=None, fixed=False, freeze_after=None,
