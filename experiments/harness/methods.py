@@ -10,6 +10,7 @@ import json
 import pipeline_sim as ps
 from experiments.harness import learning_rates
 from experiments.harness.optimizers import (
+  SETTINGS,
   AdamW,
   Context,
   DelayCompensation,
@@ -119,7 +120,8 @@ def check_method(name: str) -> Spec:
   return METHODS[name]
 
 
-# What a run setting that a method does not take means, for the error that names both.
+# What a run setting that a method does not take means, for the error that names both (any other:
+# "<setting>=<value> does not reach method <name>").
 _NOT_TAKEN = {
     "shampoo_beta": "shampoo_beta is the decay of rotation's statistics; method {method!r} has none",
     "refresh_every": "refresh_every is rotation's basis refresh period; method {method!r} has none",
@@ -131,15 +133,13 @@ _NOT_TAKEN = {
 def resolve(config) -> Spec:
   """A run's optimizer: its method's value with the run's settings applied, each checked once (a
   ``ValueError`` naming the setting and the method)."""
-  settings = {name: getattr(config, name) for name in OVERRIDDEN}
+  settings = {name: getattr(config, name) for name in SETTINGS}
   try:
     return check_method(config.method).overridden(**settings)
   except KeyError as e:
     name = e.args[0]
-    raise ValueError(_NOT_TAKEN[name].format(method=config.method, value=settings[name])) from None
-
-
-OVERRIDDEN = ("b1", "b2", "shampoo_beta", "refresh_every", "predict_scale", "dc_lambda")  # RunConfig's
+    text = _NOT_TAKEN.get(name, "{name}={value!r} does not reach method {method!r}")
+    raise ValueError(text.format(name=name, method=config.method, value=settings[name])) from None
 
 
 def run_optimizers(config) -> ps.StageOptimizers:

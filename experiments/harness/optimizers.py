@@ -73,6 +73,10 @@ class Spec:
   def base(self) -> Spec:
     return self
 
+  def takes(self, setting: str) -> bool:
+    """Whether a run's ``setting`` (a ``RunConfig`` field) reaches this optimizer."""
+    return setting in self.OVERRIDES
+
   def overridden(self, **settings) -> Spec:
     """This value with the run's settings that are not ``None`` applied; a setting it does not
     take is a ``KeyError`` naming it."""
@@ -250,6 +254,9 @@ class _Remedy(Spec):
   def base(self) -> Spec:
     return self.optimizer.base
 
+  def takes(self, setting: str) -> bool:
+    return setting in self.OVERRIDES or self.optimizer.takes(setting)
+
   def overridden(self, **settings) -> Spec:
     own = {k: v for k, v in settings.items() if k in self.OVERRIDES}
     inner = self.optimizer.overridden(**{k: v for k, v in settings.items() if k not in self.OVERRIDES})
@@ -289,6 +296,11 @@ class DelayCompensation(_Remedy):
 
   def build(self, context: Context, k: int):
     return ps.dc_asgd(self.optimizer.build(context, k), self.lam, self.decay)
+
+
+KINDS = (AdamW, Nesterov, Muon, Rotation, Predict, DelayCompensation)
+# The run settings some optimizer takes (``RunConfig``'s fields of those names), in a fixed order.
+SETTINGS = tuple(dict.fromkeys(name for kind in KINDS for name in kind.OVERRIDES))
 
 
 def describe(spec: Spec) -> dict:

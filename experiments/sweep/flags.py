@@ -17,7 +17,6 @@ from experiments import cli
 from experiments.harness import methods as methods_lib
 from experiments.harness import model as model_lib
 from experiments.harness.config import EXECUTIONS, RunConfig
-from experiments.harness.optimizers import Rotation
 from experiments.report import ablations as ablations_lib
 from experiments.report import curves
 from experiments.sweep import presets as presets_lib
@@ -72,12 +71,9 @@ class ConfigFlag:
     return " (0: off)" if self.minimum == 0 and self.value(0) is None else ""
 
 
-def _rotation(m) -> bool:
-  return isinstance(m.base, Rotation)
-
-
-def _remedy(name):
-  return lambda m: m.remedy == name
+def _takes(field: str):
+  """The methods whose optimizer takes the run setting ``field`` (``Spec.takes``)."""
+  return lambda m: m.takes(field)
 
 
 # Every flag that sets a RunConfig field, in --help's order within its group.
@@ -90,7 +86,7 @@ _STUDY = (
     ConfigFlag("--width", "width", "model width (default: the model's), with heads of the model's head "
                "size", minimum=1),
     ConfigFlag("--refresh-every", "refresh_every", "basis refresh period of rotation methods (default: "
-               "each method's own, 10)", minimum=1, applies=_rotation),
+               "each method's own, 10)", minimum=1, applies=_takes("refresh_every")),
     ConfigFlag("--sampling", "sampling", "training batches: 'random' windows (default) or "
                "'single-pass' (no training token seen twice: the runs must fit in one pass over the "
                "data's training split; --data stdlib-all holds about 28M training tokens)", type=str,
@@ -105,12 +101,12 @@ _TRAINING = (
                "statistics follow it)", type=float),
     ConfigFlag("--shampoo-beta", "shampoo_beta", "decay of rotation's L, R statistics, for the rotation "
                "methods of the sweep only (default: b2); the estimation-lag study", type=float,
-               applies=_rotation),
+               applies=_takes("shampoo_beta")),
     ConfigFlag("--predict-scale", "predict_scale", "weight prediction's scale s for the '+predict' "
                "methods of the sweep (default 1.0: extrapolate over the whole delay)", type=float,
-               applies=_remedy("predict")),
+               applies=_takes("predict_scale")),
     ConfigFlag("--dc-lambda", "dc_lambda", "delay compensation's lambda for the '+dc' methods of the "
-               "sweep (default 1.0, adaptive form)", type=float, applies=_remedy("dc")),
+               "sweep (default 1.0, adaptive form)", type=float, applies=_takes("dc_lambda")),
     ConfigFlag("--b1", "b1", "first-moment (momentum) decay of every method (default: each method's "
                "own: 0.9; Nesterov 0.99; Muon 0.95)", type=float),
     ConfigFlag("--dtype", "dtype", "activations and matmuls (default float32; bfloat16 keeps float32 "
