@@ -18,9 +18,9 @@ def _terminate(signum, frame):
 
 
 def run(entry, argv=None) -> int:
-  """``entry(argv)`` with one-line errors (status 2 for bad input, 1 for failed runs) and a
-  one-line message on Ctrl-C or SIGTERM (status 130), which unwind the same way (so a sweep's
-  workers are stopped, not left training)."""
+  """``entry(argv)`` with one-line errors (status 2 for bad input, 1 for failed runs), a one-line
+  message on Ctrl-C or SIGTERM (status 130), which unwind the same way (so a sweep's workers are
+  stopped, not left training), and nothing when the output's reader stops reading (status 0)."""
   main_thread = threading.current_thread() is threading.main_thread()
   previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
   try:
@@ -34,6 +34,9 @@ def run(entry, argv=None) -> int:
   except RunFailed as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+  except BrokenPipeError:  # the reader took what it wanted (``--next | head -1``): stop quietly
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+    return 0
   finally:
     if main_thread:
       signal.signal(signal.SIGTERM, previous)
