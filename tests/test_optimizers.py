@@ -21,6 +21,7 @@ from experiments.harness.config import RunConfig, optimizer_of
     (lambda: opt.Rotation(refresh_every=0), "refresh_every must be an int >= 1, got 0"),
     (lambda: opt.Predict(opt.AdamW(), scale=-1.0), r"predict_scale=-1.0 needs a finite value >= 0"),
     (lambda: opt.DelayCompensation(opt.AdamW(), lam=float("inf")), r"dc_lambda=inf needs a finite value"),
+    (lambda: opt.Predict("pipedream"), "wraps an optimizer value, got optimizer='pipedream'"),
 ])
 def test_each_value_checks_its_ranges_when_constructed(make, match):
   with pytest.raises(ValueError, match=match):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import jax
 import optax
@@ -248,7 +248,11 @@ class Rotation(Spec):
 class _Remedy(Spec):
   """A staleness remedy around another optimizer: the run settings it does not take go to it."""
 
-  optimizer: Any = None
+  optimizer: Spec
+
+  def __post_init__(self):
+    if not isinstance(self.optimizer, Spec):
+      raise ValueError(f"a staleness remedy wraps an optimizer value, got optimizer={self.optimizer!r}")
 
   @property
   def base(self) -> Spec:
@@ -274,6 +278,7 @@ class Predict(_Remedy):
   scale: float = 1.0  # extrapolate over the whole delay at the last step's rate
 
   def __post_init__(self):
+    super().__post_init__()
     _scale("predict_scale", self.scale)
 
   def build(self, context: Context, k: int):
@@ -291,6 +296,7 @@ class DelayCompensation(_Remedy):
   decay: float = 0.95  # the adaptive form's mean-square decay (the paper's)
 
   def __post_init__(self):
+    super().__post_init__()
     _scale("dc_lambda", self.lam)
     _unit("decay", self.decay)
 
