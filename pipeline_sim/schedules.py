@@ -21,6 +21,7 @@ its text, the form a run records).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import re
 
@@ -34,17 +35,19 @@ def _check_stages(num_stages) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Schedule:
-  """A pipeline schedule (module docstring)."""
-
-  @property
-  def name(self) -> str:
-    raise NotImplementedError
+class Schedule(abc.ABC):
+  """A pipeline schedule (module docstring): every kind gives its ``name`` and ``delays``."""
 
   batched = False
 
+  @property
+  @abc.abstractmethod
+  def name(self) -> str:
+    """The text a run records (``schedule_of`` reads it back)."""
+
+  @abc.abstractmethod
   def delays(self, num_stages: int) -> tuple[int, ...]:
-    raise NotImplementedError
+    """Stage k's delay ``tau_k`` in updates at P = ``num_stages``."""
 
   def versions(self, num_stages: int) -> int:
     """A batched schedule's earlier weight versions per stage (at least one)."""

@@ -7,18 +7,17 @@ import pathlib
 
 import pytest
 
-from experiments.harness.config import RunConfig
+from experiments.harness.config import RunConfig, recorded
 from experiments.report import curves
 
 RESULTS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
 
 
 def test_every_committed_run_keeps_its_name():
-  fields = {f.name for f in dataclasses.fields(RunConfig)}
   checked = 0
   for path in sorted(RESULTS.rglob(curves.FILE)):
     for run in curves.read(path)["runs"]:
-      config = RunConfig(**{k: v for k, v in run["config"].items() if k in fields})
+      config = recorded(run["config"])
       assert config.name == run["name"].rsplit("_", 1)[0], (path, run["name"])
       checked += 1
   assert checked > 1000  # every study's runs, not a lucky few
@@ -67,7 +66,6 @@ def test_every_committed_run_keeps_its_identity_and_an_edited_method_gets_a_new_
   from experiments.harness import methods
   from experiments.harness.config import identity, run_name
 
-  fields = {f.name for f in dataclasses.fields(RunConfig)}
   checked = 0
   for path in sorted(RESULTS.rglob(curves.FILE)):
     data = curves.read(path)
@@ -76,7 +74,7 @@ def test_every_committed_run_keeps_its_identity_and_an_edited_method_gets_a_new_
     if not found:  # a study merged from others (they are checked where they are held)
       continue
     for run in data["runs"]:
-      config = RunConfig(**{k: v for k, v in run["config"].items() if k in fields})
+      config = recorded(run["config"])
       assert run_name(config, found.group(2), int(found.group(1))) == run["name"], (path, run["name"])
       checked += 1
   assert checked > 700

@@ -11,6 +11,7 @@ a flag row, ``experiments.sweep.flags``).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from typing import ClassVar
@@ -60,7 +61,7 @@ def _scale(name: str, value) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Spec:
+class Spec(abc.ABC):
   """What every kind has: ``KIND`` (its name in a run's record), ``remedy`` (the staleness remedy a
   wrapper adds, else ``None``), ``base`` (the optimizer under any remedy) and the run settings it
   takes (``OVERRIDES``: a run setting -> the fields it sets)."""
@@ -89,8 +90,9 @@ class Spec:
       changes.update(dict.fromkeys(self.OVERRIDES[name], value))
     return dataclasses.replace(self, **changes) if changes else self
 
+  @abc.abstractmethod
   def build(self, context: Context, k: int) -> optax.GradientTransformation:
-    raise NotImplementedError
+    """Pipeline stage k's optimizer."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,6 +301,11 @@ class DelayCompensation(_Remedy):
     super().__post_init__()
     _scale("dc_lambda", self.lam)
     _unit("decay", self.decay)
+
+  @property
+  def scale(self) -> float:
+    """Its one setting, lambda (as ``Predict.scale`` is prediction's)."""
+    return self.lam
 
   def build(self, context: Context, k: int):
     return ps.dc_asgd(self.optimizer.build(context, k), self.lam, self.decay)

@@ -41,8 +41,7 @@ def key(config: dict) -> tuple:
   """``(method, schedule, P, scale)`` of a run (the scale its recorded optimizer applies); P = 1 is
   one run under either schedule."""
   optimizer = optimizer_of(config)
-  scale = {"predict": getattr(optimizer, "scale", None), "dc": getattr(optimizer, "lam", None)}.get(
-      optimizer.remedy)
+  scale = optimizer.scale if optimizer.remedy else None
   schedule = "1f1b" if config["stages"] == 1 else config.get("schedule", "1f1b")
   return config["method"], schedule, config["stages"], scale
 
