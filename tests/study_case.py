@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.harness.methods import spec
+
 
 def study_case(method: str = "rotation"):
   """Four steps inside the first refresh period (the cold start, then the statistics and the
@@ -24,7 +26,7 @@ def study_case(method: str = "rotation"):
                               mlp_ratio=4)
   _, params = model_lib.init(cfg, seed=0)
   params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
-  config = RunConfig(method=method, stages=2, steps=100, lr=1e-2, warmup_steps=0)
+  config = RunConfig(optimizer=spec(method), stages=2, steps=100, lr=1e-2, warmup_steps=0)
   opt = methods.run_optimizers(config)[0]
   state = opt.init(params)
   rng = np.random.default_rng(0)

@@ -11,6 +11,7 @@ from experiments.harness import data as data_lib
 from experiments.harness import memory as memory_lib
 from experiments.harness import model as model_lib
 from experiments.harness.config import RunConfig
+from experiments.harness.methods import spec
 
 
 def test_account_splits_a_runs_wall_time_and_reads_older_results():
@@ -24,7 +25,7 @@ def test_account_splits_a_runs_wall_time_and_reads_older_results():
 
 
 def test_flops_per_step_is_one_steps_matmul_work():
-  config = RunConfig(method="pipedream", stages=1, model="cpu-tiny", batch_size=4, chunk=10)
+  config = RunConfig(optimizer=spec("pipedream"), stages=1, model="cpu-tiny", batch_size=4, chunk=10)
   ds = data_lib.default_corpus(32)
   cfg = config.model_config(ds.vocab_size)
   tokens = config.batch_size * cfg.context
@@ -39,7 +40,7 @@ def test_flops_per_step_is_one_steps_matmul_work():
 
 
 def test_the_floor_program_is_sgd_with_the_models_gradient():
-  config = RunConfig(method="pipedream", stages=1, model="cpu-tiny", batch_size=4, chunk=3)
+  config = RunConfig(optimizer=spec("pipedream"), stages=1, model="cpu-tiny", batch_size=4, chunk=3)
   ds = data_lib.default_corpus(32)
   chunk, params, batches = bench_study.floor_program(config, ds)
   graphdef, _ = model_lib.init(config.model_config(ds.vocab_size), seed=config.seed)

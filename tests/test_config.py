@@ -8,6 +8,8 @@ import pathlib
 import pytest
 
 from experiments.harness.config import RunConfig, recorded
+from experiments.harness.methods import spec
+from experiments.harness.optimizers import Rotation
 from experiments.report import curves
 
 RESULTS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -24,12 +26,12 @@ def test_every_committed_run_keeps_its_name():
 
 
 def test_the_name_written_by_hand():
-  c = RunConfig(method="rotation", stages=16, seed=3, lr=2e-3, steps=9600, warmup_steps=28, b2=0.99,
-                shampoo_beta=0.95, schedule="2bw", dtype="bfloat16", loss_chunk=2048, tag="tune")
+  c = RunConfig(optimizer=spec("rotation", b2=0.99, shampoo_beta=0.95), stages=16, seed=3, lr=2e-3,
+                steps=9600, warmup_steps=28, schedule="2bw", dtype="bfloat16", loss_chunk=2048, tag="tune")
   assert c.name == ("cpu-deep-bf16-2bw-wu28-b2_0.99-sb0.95-lc2048_weight_stashing_rotation_P16_lr0.002"
                     "_n9600_s3_tune")
   # the model's own width and block count, and 2BW at P = 1, are the plain run's name
-  plain = RunConfig(method="pipedream", stages=1, schedule="2bw", width=32, num_blocks=16)
+  plain = RunConfig(optimizer=spec("pipedream"), stages=1, schedule="2bw", width=32, num_blocks=16)
   assert plain.name == "cpu-deep_weight_stashing_pipedream_P1_lr0.003_n1200_s0"
   assert RunConfig(width=64, num_blocks=8, execution="devices", fsdp=True, remat="nothing_saveable",
                    diagnose_every=50).name.startswith("cpu-deep-B8-W64-devices-fsdp-diag50-remat_")
@@ -39,7 +41,7 @@ def test_the_name_written_by_hand():
 def test_a_uniform_delay_names_its_runs_at_every_p_and_is_checked():
   # a schedule with a delay at P = 1 is not the synchronous run (2BW at P = 1 is, above)
   for stages in (1, 4):
-    c = RunConfig(method="rotation", stages=stages, schedule="uniform-2")
+    c = RunConfig(optimizer=spec("rotation"), stages=stages, schedule="uniform-2")
     assert c.name == f"cpu-deep-uniform-2_weight_stashing_rotation_P{stages}_lr0.003_n1200_s0"
     c.validate()
   with pytest.raises(ValueError, match="schedule 'uniform-2' needs mode 'weight_stashing'.*'no_stashing'"):
@@ -79,19 +81,25 @@ def test_every_committed_run_keeps_its_identity_and_an_edited_method_gets_a_new_
       checked += 1
   assert checked > 700
   assert set(methods.PUBLISHED) == set(methods.METHODS)  # every method of today, as it is today
-  fast, plain = RunConfig(method="rotation-fast"), RunConfig(method="rotation")
+  fast, plain = RunConfig(optimizer=spec("rotation-fast")), RunConfig(optimizer=spec("rotation"))
   before = {c.method: run_name(c, "sha", 256) for c in (fast, plain)}
-  assert "method" not in identity(fast, "sha", 256)
+  assert "optimizer" not in identity(fast, "sha", 256)
   monkeypatch.setitem(methods.METHODS, "rotation-fast",
                       dataclasses.replace(methods.METHODS["rotation-fast"], shampoo_beta=0.9))
+  fast = RunConfig(optimizer=spec("rotation-fast"))  # the method as it is now
   assert run_name(fast, "sha", 256) != before["rotation-fast"]
-  assert identity(fast, "sha", 256)["method"]["shampoo_beta"] == 0.9
+  assert identity(fast, "sha", 256)["optimizer"]["shampoo_beta"] == 0.9
   assert run_name(plain, "sha", 256) == before["rotation"]
   # a constant of the kind (once a builder's, now a field of the value) edited in the method
   monkeypatch.setitem(methods.METHODS, "rotation",
                       dataclasses.replace(methods.METHODS["rotation"], max_precond_dim=4096))
+  plain = RunConfig(optimizer=spec("rotation"))
   assert run_name(plain, "sha", 256) != before["rotation"]
-  assert identity(plain, "sha", 256)["method"]["max_precond_dim"] == 4096
+  assert identity(plain, "sha", 256)["optimizer"]["max_precond_dim"] == 4096
   monkeypatch.setitem(methods.METHODS, "rotation-new", methods.METHODS["rotation"])  # a new name
-  new = identity(RunConfig(method="rotation-new"), "sha", 256)
-  assert new["method"] == methods.definition("rotation-new")
+  new = identity(RunConfig(optimizer=spec("rotation-new")), "sha", 256)
+  assert new["optimizer"] == methods.definition("rotation-new")
+  # a value built by hand: its kind's label, and the whole value in its identity
+  hand = RunConfig(optimizer=Rotation(block_size=64))
+  assert hand.method == "rotation" and identity(hand, "sha", 256)["optimizer"]["block_size"] == 64
+  assert run_name(hand, "sha", 256) != run_name(RunConfig(optimizer=Rotation()), "sha", 256)

@@ -1,9 +1,12 @@
 """The sweep's command line (experiments/sweep/flags.py): every flag of ``CONFIG_FLAGS`` reaches the
-``RunConfig`` field it names, with the value written by hand here, in the runs it applies to."""
+``RunConfig`` field or the optimizers' run setting it names, with the value written by hand here, in
+the runs it applies to."""
 
 import pytest
 
 from experiments.harness.config import RunConfig
+from experiments.harness.methods import spec
+from experiments.harness.optimizers import SETTINGS
 from experiments.sweep import command as sweep
 from experiments.sweep import flags
 
@@ -25,8 +28,9 @@ ONLY = {"--shampoo-beta": "rotation", "--refresh-every": "rotation-sa",
         "--predict-scale": "pipedream+predict", "--dc-lambda": "muon+dc"}
 
 
-def test_the_table_covers_the_flags_written_here():
+def test_the_table_covers_the_flags_written_here_and_every_run_setting():
   assert {f.flag for f in flags.CONFIG_FLAGS} == set(EXPECTED)
+  assert set(SETTINGS) <= {f.field for f in flags.CONFIG_FLAGS}  # every optimizer knob has its flag
 
 
 @pytest.mark.parametrize("flag", sorted(EXPECTED))
@@ -34,17 +38,20 @@ def test_each_flag_sets_its_field(flag):
   value, field, expected = EXPECTED[flag]
   args = sweep.parse_args(["--preset", "smoke", flag] + ([] if value is None else [value]))
   template = flags.template_fields(args, RunConfig())
-  if flag in ONLY:  # the runs of the methods it applies to, and no other
-    assert field not in template
-    assert flags.method_fields(args, ONLY[flag]) == {field: expected}
-    assert flags.method_fields(args, "nesterov") == {}
+  if field in SETTINGS:  # the optimizers of the methods that take it, and no other
+    assert field not in template and flags.settings(args) == ((field, expected),)
+    preset = flags.make_preset(args)
+    assert preset.config(ONLY.get(flag, "muon"), 4, 0).optimizer.setting(field) == expected
+    if flag in ONLY:
+      assert preset.config("nesterov", 4, 0).optimizer == spec("nesterov")
   else:
     assert template == {field: expected}
 
 
 def test_per_method_flags_reach_only_their_runs_in_the_plan():
   plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--shampoo-beta", "0.95"]))
-  assert {c.method: c.shampoo_beta for c in plan.main} == {"pipedream": None, "rotation": 0.95}
+  decay = {c.method: c.optimizer.setting("shampoo_beta") for c in plan.main}
+  assert decay == {"pipedream": None, "rotation": 0.95}
 
 
 @pytest.mark.parametrize("argv,match", [

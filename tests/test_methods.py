@@ -9,13 +9,22 @@ import pytest
 
 from experiments.harness import methods
 from experiments.harness import model as model_lib
+from experiments.harness.methods import spec
+from experiments.harness.optimizers import SETTINGS, describe
 from experiments.harness.runs import RunConfig
 
 P = 4
 
 
+def _split(kw) -> tuple:
+  """``kw`` as (run settings, the other RunConfig fields)."""
+  return {k: v for k, v in kw.items() if k in SETTINGS}, {k: v for k, v in kw.items() if k not in SETTINGS}
+
+
 def _first_update(method, k, kernel=None, **kw):
-  config = RunConfig(method=method, stages=P, steps=100, lr=1e-2, warmup_steps=0, **kw)
+  settings, fields = _split(kw)
+  config = RunConfig(optimizer=spec(method, **settings), stages=P, steps=100, lr=1e-2, warmup_steps=0,
+                     **fields)
   opt = methods.run_optimizers(config)[k]
   params = {"mlp": {"kernel": jnp.zeros((4, 3))}, "b": jnp.zeros(3)}
   kernel = jnp.full((4, 3), 0.01).at[0, 0].set(0.02) if kernel is None else kernel
@@ -73,9 +82,8 @@ def test_b1_sets_every_methods_momentum_and_none_keeps_its_own():
   for method, own in (("pipedream", 0.9), ("nesterov", 0.99), ("rotation", 0.9), ("muon", 0.9)):
     np.testing.assert_allclose(b1(method), own, rtol=1e-4, err_msg=method)
     np.testing.assert_allclose(b1(method, b1=0.5), 0.5, rtol=1e-4, err_msg=method)
-  base = RunConfig()
-  assert dataclasses.replace(base, b1=0.95).name != base.name and "-b1_0.95" in dataclasses.replace(
-      base, b1=0.95).name
+  base, momentum = RunConfig(), RunConfig(optimizer=spec("pipedream", b1=0.95))
+  assert momentum.name == base.name.replace("cpu-deep_", "cpu-deep-b1_0.95_")
 
 
 def test_shampoo_beta_sets_the_decay_of_rotations_statistics_only():
@@ -91,9 +99,9 @@ def test_shampoo_beta_sets_the_decay_of_rotations_statistics_only():
   np.testing.assert_allclose(stat("rotation-fast"), (1 - 0.95) * g @ g.T, rtol=1e-4)  # its own decay
   np.testing.assert_allclose(stat("rotation-fast", shampoo_beta=0.9), (1 - 0.9) * g @ g.T, rtol=1e-4)
   with pytest.raises(ValueError, match="method 'pipedream' has none"):
-    RunConfig(method="pipedream", shampoo_beta=0.9).validate()
+    RunConfig(optimizer=spec("pipedream", shampoo_beta=0.9)).validate()
   with pytest.raises(ValueError, match="shampoo_beta must be in"):
-    RunConfig(method="rotation", shampoo_beta=1.0).validate()
+    RunConfig(optimizer=spec("rotation", shampoo_beta=1.0)).validate()
 
 
 def test_the_study_rotation_keeps_its_numbers_through_the_library_rewrite():
@@ -148,27 +156,29 @@ def test_remedy_methods_are_listed_refused_where_they_cannot_run_and_named_by_th
   for base in methods.REMEDY_BASES:
     for remedy in methods.REMEDIES:
       m = methods.check_method(f"{base}+{remedy}")
-      assert m.remedy == remedy and m.optimizer == methods.METHODS[base] and m.base == methods.METHODS[base]
-  ok = RunConfig(method="pipedream+predict", stages=P, predict_scale=0.5)
+      assert m.remedy == remedy and describe(m.optimizer) == describe(m.base) == methods.definition(base)
+  ok = RunConfig(optimizer=spec("pipedream+predict", predict_scale=0.5), stages=P)
   ok.validate()
-  assert "-ps0.5_" in ok.name and "-ps" not in RunConfig(method="pipedream+predict", stages=P).name
-  bad = [(dict(method="pipedream+predict", execution="devices"), "emulated pipeline only"),
-         (dict(method="muon+dc", mode="stale_gradients"), "cannot mean mode 'stale_gradients'"),
-         (dict(method="rotation+predict", mode="no_stashing"), "cannot mean mode 'no_stashing'"),
-         (dict(method="pipedream", predict_scale=1.0), r"predict_scale=1.0 needs a '\+predict' method"),
-         (dict(method="pipedream+dc", dc_lambda=-1.0), r"dc_lambda=-1.0 needs .* finite value >= 0"),
-         (dict(method="pipedream+dc", predict_scale=1.0), r"predict_scale=1.0 needs a '\+predict'")]
-  for kw, match in bad:
+  # a remedy's strength is in every name, its default too (every published remedy run gave it)
+  assert "-ps0.5_" in ok.name and "-ps1_" in RunConfig(optimizer=spec("pipedream+predict"), stages=P).name
+  bad = [("pipedream+predict", dict(execution="devices"), "emulated pipeline only"),
+         ("muon+dc", dict(mode="stale_gradients"), "cannot mean mode 'stale_gradients'"),
+         ("rotation+predict", dict(mode="no_stashing"), "cannot mean mode 'no_stashing'"),
+         ("pipedream", dict(predict_scale=1.0), r"predict_scale=1.0 needs a '\+predict' method"),
+         ("pipedream+dc", dict(dc_lambda=-1.0), r"dc_lambda=-1.0 needs .* finite value >= 0"),
+         ("pipedream+dc", dict(predict_scale=1.0), r"predict_scale=1.0 needs a '\+predict'")]
+  for method, kw, match in bad:
+    settings, fields = _split(kw)
     with pytest.raises(ValueError, match=match):
-      RunConfig(stages=P, **kw).validate()
+      RunConfig(optimizer=spec(method, **settings), stages=P, **fields).validate()
 
 
 def test_remedy_methods_wire_the_pipelines_prediction_and_wrap_each_stage_in_dc_asgd():
   import pipeline_sim as ps
   from experiments.harness import runs
 
-  def pipe(method, **kw):
-    config = RunConfig(method=method, stages=P, model="cpu-tiny", **kw)
+  def pipe(method, **settings):
+    config = RunConfig(optimizer=spec(method, **settings), stages=P, model="cpu-tiny")
     cfg = config.model_config(256)
     graphdef, params = model_lib.init(cfg, seed=0)
     return runs.pipeline_of(config, cfg, graphdef, params), params
@@ -181,11 +191,12 @@ def test_remedy_methods_wire_the_pipelines_prediction_and_wrap_each_stage_in_dc_
            for x in jax.tree.leaves(s, is_leaf=lambda x: isinstance(x, ps.DelayCompensationState))}
   assert kinds == {"DelayCompensationState"}  # every stage's optimizer is wrapped
   # lambda reaches the wrapper: 0.5 + 50 * 0.25 * (1 - 2) < 0 turns the step around
-  config = RunConfig(method="pipedream+dc", stages=P, steps=100, lr=1e-2, warmup_steps=0)
+  config = RunConfig(optimizer=spec("pipedream+dc"), stages=P, steps=100, lr=1e-2, warmup_steps=0)
   w = {"k": jnp.ones((3, 3))}
   g = {"k": jnp.full((3, 3), 0.5)}
   def update(lam):
-    opt = methods.run_optimizers(dataclasses.replace(config, dc_lambda=lam))[0]
+    dc = dataclasses.replace(config, optimizer=spec("pipedream+dc", dc_lambda=lam))
+    opt = methods.run_optimizers(dc)[0]
     return opt.update(g, opt.init(w), w, stale_params={"k": jnp.full((3, 3), 2.0)})[0]["k"]
   assert np.all(np.sign(update(0.0)) == -np.sign(update(50.0)))  # Adam's first step: the sign flips
 
@@ -223,7 +234,8 @@ def test_rotation_stage_decays_p1_run_is_rotations_in_the_plan_and_in_its_update
   w = {"k": jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)}
   updates = {}
   for m in ("rotation", "rotation-stage-decay"):
-    opt = methods.run_optimizers(RunConfig(method=m, stages=1, steps=100, lr=1e-2, warmup_steps=0))[0]
+    config = RunConfig(optimizer=spec(m), stages=1, steps=100, lr=1e-2, warmup_steps=0)
+    opt = methods.run_optimizers(config)[0]
     state, got = opt.init(w), []
     for i in range(12):  # past the first refreshes
       g = {"k": jnp.sin(w["k"] * (i + 1))}

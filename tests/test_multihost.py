@@ -28,7 +28,7 @@ from experiments.sweep import folders as sweep
 root = pathlib.Path(sys.argv[1])
 sweep.prepare_out(root / "out")  # process 0 probes the folder, the other waits
 processes.write_json(root / "out" / "tuning.json", {"writer": jax.process_index()})  # process 0 only
-config = RunConfig(method="pipedream", stages=2, steps=10, batch_size=4, model="cpu-tiny", chunk=10,
+config = RunConfig(stages=2, steps=10, batch_size=4, model="cpu-tiny", chunk=10,
                    eval_every=10, eval_batches=1, checkpoint_every=10)
 result = runs.train(config, data.default_corpus(32), root / "run")
 print(json.dumps({"process": jax.process_index(), "devices": [jax.device_count(), jax.local_device_count()],
@@ -65,8 +65,8 @@ def test_two_processes_train_one_run_and_match_one_process(tmp_path):
   result = json.loads((tmp_path / "run" / "result.json").read_text())
   assert result["devices"] == 4 and result["losses"] == got[0]["losses"]
   assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 10
-  config = RunConfig(method="pipedream", stages=2, steps=10, batch_size=4, model="cpu-tiny", chunk=10,
-                     eval_every=10, eval_batches=1, checkpoint_every=10)
+  config = RunConfig(stages=2, steps=10, batch_size=4, model="cpu-tiny", chunk=10, eval_every=10,
+                     eval_batches=1, checkpoint_every=10)
   alone = runs.train(config, data.default_corpus(32), tmp_path / "alone")  # this process: 1 device
   assert max(abs(a - b) for a, b in zip(alone["losses"], got[0]["losses"])) < 1e-4
 
@@ -87,7 +87,7 @@ try:  # process 0 cannot write here: every process must hear of it (none may wai
   refused = False
 except ValueError as e:
   refused = "cannot be written" in str(e)
-config = RunConfig(method="pipedream", stages=2, steps=30, batch_size=4, model="cpu-tiny", chunk=10,
+config = RunConfig(stages=2, steps=30, batch_size=4, model="cpu-tiny", chunk=10,
                         eval_every=10, eval_batches=1, checkpoint_every=10)
 if sys.argv[2] == "interrupt":
   class Stop(Exception):

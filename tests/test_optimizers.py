@@ -2,12 +2,14 @@
 the run's settings by name and records what it means."""
 
 import dataclasses
+import json
 
 import pytest
 
 from experiments.harness import methods
 from experiments.harness import optimizers as opt
-from experiments.harness.config import RunConfig, optimizer_of
+from experiments.harness.config import RunConfig, optimizer_of, record, recorded
+from experiments.harness.methods import spec
 
 
 @pytest.mark.parametrize("make,match", [
@@ -40,19 +42,43 @@ def test_the_runs_settings_go_to_the_fields_they_mean():
     opt.AdamW().overridden(shampoo_beta=0.9)
 
 
-def test_a_runs_optimizer_resolves_its_defaults_once_and_names_what_it_cannot_take():
-  assert RunConfig(method="rotation").optimizer.statistics_decay == 0.999  # follows b2
-  assert RunConfig(method="rotation", b2=0.99).optimizer.statistics_decay == 0.99
-  assert RunConfig(method="rotation-fast", b2=0.99).optimizer.statistics_decay == 0.95  # its own
-  assert RunConfig(method="rotation-fast", shampoo_beta=0.9).optimizer.statistics_decay == 0.9  # the run's
-  recorded = dataclasses.asdict(RunConfig(method="muon+predict", predict_scale=0.5))
-  assert optimizer_of(recorded) == opt.Predict(opt.Muon(), scale=0.5)
-  for kw, match in ((dict(method="pipedream", refresh_every=5), "refresh_every is rotation's basis refresh "
-                     "period; method 'pipedream' has none"),
-                    (dict(method="muon", shampoo_beta=0.9), "method 'muon' has none"),
-                    (dict(method="rotation+dc", predict_scale=1.0), r"needs a '\+predict' method")):
+def test_a_methods_value_resolves_its_defaults_once_and_names_what_it_cannot_take():
+  decay = lambda method, **settings: spec(method, **settings).statistics_decay
+  assert decay("rotation") == 0.999 and decay("rotation", b2=0.99) == 0.99  # follows b2
+  assert decay("rotation-fast", b2=0.99) == 0.95 and decay("rotation-fast", shampoo_beta=0.9) == 0.9
+  assert spec("muon+predict", predict_scale=0.5) == opt.Predict(opt.Muon(), scale=0.5, name="muon+predict")
+  for method, kw, match in (("pipedream", dict(refresh_every=5), "refresh_every is rotation's basis refresh "
+                             "period; method 'pipedream' has none"),
+                            ("muon", dict(shampoo_beta=0.9), "method 'muon' has none"),
+                            ("rotation+dc", dict(predict_scale=1.0), r"needs a '\+predict' method"),
+                            ("adam", {}, "unknown method 'adam'")):
     with pytest.raises(ValueError, match=match):
-      RunConfig(**kw).validate()
+      spec(method, **kw)
+  with pytest.raises(ValueError, match="optimizer must be an optimizer value.*got 'rotation'"):
+    RunConfig(optimizer="rotation")
+
+
+def test_a_run_records_its_value_and_reads_it_back():
+  """``record`` writes the method's name, its settings and the whole value; ``recorded`` rebuilds
+  the value from it, and a run recorded before (name and settings only) from its method."""
+  values = (spec("muon+predict", predict_scale=0.5), spec("nesterov-stage", b1=0.9),
+            spec("rotation", b2=0.99), opt.Rotation(geometry="unilateral", block_size=64),
+            spec("pipedream+dc", dc_lambda=1.0), spec("muon", b1=0.95))
+  for value in values:
+    config = RunConfig(optimizer=value, stages=4)
+    stored = json.loads(json.dumps(record(config)))
+    assert recorded(stored) == config and optimizer_of(stored) == value
+    assert stored["method"] == value.label
+    assert stored["optimizer"] == {"name": value.name, **opt.describe(value)}
+    if value.name:  # a method's: as runs were recorded before the value, name and settings only
+      before = {k: v for k, v in stored.items() if k != "optimizer"}
+      assert recorded(before) == config
+  assert record(RunConfig(optimizer=values[0]))["predict_scale"] == 0.5
+  assert record(RunConfig(optimizer=values[1]))["b1"] == 0.9
+  assert record(RunConfig(optimizer=values[2]))["b2"] == 0.99
+  # Muon's b1 sets two momenta: 0.95 is its own first one, not its second, so the setting shows
+  muon = RunConfig(optimizer=values[-1])
+  assert record(muon)["b1"] == 0.95 and "-b1_0.95_" in muon.name
 
 
 def test_a_run_records_its_method_as_plain_data():
@@ -66,7 +92,38 @@ def test_a_run_records_its_method_as_plain_data():
 def test_a_new_method_is_one_entry(monkeypatch):
   monkeypatch.setitem(methods.METHODS, "rotation-unilateral-fast",
                       opt.Rotation(geometry="unilateral", shampoo_beta=0.95))
-  config = RunConfig(method="rotation-unilateral-fast", stages=2)
+  config = RunConfig(optimizer=spec("rotation-unilateral-fast", b1=0.8), stages=2)
   config.validate()
   assert len(methods.run_optimizers(config)) == 2
-  assert "_rotation-unilateral-fast_P2_" in config.name
+  assert "-b1_0.8_weight_stashing_rotation-unilateral-fast_P2_" in config.name
+
+
+def test_a_field_added_later_keeps_every_recorded_meaning_at_its_default():
+  @dataclasses.dataclass(frozen=True)
+  class Later(opt.Rotation):
+    damping: float = opt.added_later(0.0)
+
+  assert opt.describe(Later()) == opt.describe(opt.Rotation())  # so no method's digest moves
+  assert opt.describe(Later(damping=1e-3))["damping"] == 1e-3
+
+
+def test_a_new_knob_is_one_field_and_its_runs_are_named_and_identified_by_it(monkeypatch):
+  """A kind's new ``knob`` (with its flag row, tests/test_flags.py) is a run setting of every method
+  of that kind: applied by name, written in run names after the published settings, and part of
+  the identity (a method not published holds its whole value there)."""
+  from experiments.harness.config import identity, run_name
+
+  @dataclasses.dataclass(frozen=True)
+  class Damped(opt.Rotation):
+    damping: float = opt.knob("damping", 0.0, later=True)
+
+  monkeypatch.setitem(methods.METHODS, "rotation-damped", Damped())
+  damped = spec("rotation-damped", damping=0.5, b1=0.8)
+  assert damped.damping == 0.5 and damped.b1 == 0.8 and damped.run_settings()[-1] == "damping"
+  config = RunConfig(optimizer=damped, stages=4)
+  assert "-b1_0.8-damping0.5_weight_stashing_rotation-damped_P4_" in config.name
+  assert identity(config, "sha", 256)["optimizer"]["damping"] == 0.5
+  undamped = RunConfig(optimizer=spec("rotation-damped", b1=0.8), stages=4)
+  assert run_name(config, "sha", 256) != run_name(undamped, "sha", 256)
+  with pytest.raises(ValueError, match="damping=0.5 does not reach method 'rotation'"):
+    spec("rotation", damping=0.5)

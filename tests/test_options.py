@@ -8,6 +8,7 @@ import optax
 import pytest
 
 import rotation
+from experiments.harness.methods import spec
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -101,7 +102,6 @@ def test_an_inner_state_field_that_cannot_follow_the_basis_is_refused_by_name():
 def test_the_statistics_decay_is_resolved_and_its_range_checked_in_one_place():
   """``None`` means ``b2`` (``options.statistics_decay``) for the library and the study alike, and
   a run config's decay is refused outside the library's own range, [0, 1)."""
-  import dataclasses
 
   from experiments.harness import methods
   from experiments.harness.config import RunConfig
@@ -115,10 +115,10 @@ def test_the_statistics_decay_is_resolved_and_its_range_checked_in_one_place():
                 stagger=False, orthonormalization="qr", batch_refresh=None, fixed=False, freeze_after=None,
                 second_moments="permute", custom_inner=False)
   assert resolve(b2=0.98, shampoo_beta=None, **kwargs).shampoo_beta == 0.98
-  config = RunConfig(method="rotation", shampoo_beta=0.0)
+  config = RunConfig(optimizer=spec("rotation", shampoo_beta=0.0))
   config.validate()  # no memory: allowed, as the library allows it
   with pytest.raises(ValueError, match=r"shampoo_beta must be in \[0, 1\), got 1"):
-    dataclasses.replace(config, shampoo_beta=1.0).validate()
+    spec("rotation", shampoo_beta=1.0)
   # rotation-stage-decay's per-stage decays start from the same resolution (b2 here)
-  stage = RunConfig(method="rotation-stage-decay", stages=4, b2=0.99, steps=100, warmup_steps=0)
+  stage = RunConfig(optimizer=spec("rotation-stage-decay", b2=0.99), stages=4, steps=100, warmup_steps=0)
   assert len(methods.run_optimizers(stage)) == 4

@@ -1,6 +1,5 @@
 """The protocol study's pieces: its settings share the sweep's runs, its rate choice, its summary."""
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -35,7 +34,7 @@ def test_settings_are_the_sweeps_runs():
   for (over, _), flags in ((study["warm-up 4 tau_max (60 steps)"], ["--warmup-delays", "4"]),
                            (study["b2 0.99"], ["--b2", "0.99"])):
     plan = sweep.make_plan(sweep.parse_args(["--methods", "rotation", "--stages", "16"] + flags))
-    mine = dataclasses.replace(preset.config("rotation", 16, 0), **over)
+    mine = preset.config("rotation", 16, 0, **over)
     theirs = next(c for c in plan.main if c.stages == 16)
     assert run_name(mine, ds.sha256, 256) == run_name(theirs, ds.sha256, 256)
 

@@ -15,9 +15,10 @@ import pytest
 from experiments.harness import checkpoints, provenance, runs
 from experiments.harness import data as data_lib
 from experiments.harness.config import OutOfMemory, RunConfig, identity, memory_options, run_name
+from experiments.harness.methods import spec
 
-CONFIG = RunConfig(method="pipedream", stages=2, seed=0, lr=3e-3, steps=30, batch_size=4,
-                        model="cpu-tiny", chunk=10, eval_every=10, eval_batches=1, checkpoint_every=10)
+CONFIG = RunConfig(optimizer=spec("pipedream"), stages=2, seed=0, lr=3e-3, steps=30, batch_size=4,
+                   model="cpu-tiny", chunk=10, eval_every=10, eval_batches=1, checkpoint_every=10)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,9 @@ def test_identity_names_every_setting_and_the_data(corpus):
   assert run_name(CONFIG, "other-sha", corpus.vocab_size) != name
   assert run_name(CONFIG, corpus.sha256, 300) != name
   for field, value in (("clip_norm", 0.5), ("weight_decay", 0.1), ("warmup_fraction", 0.05),
-                       ("moe_loss_weight", 0.0), ("refresh_every", 5), ("pipemare_fraction", 0.5),
-                       ("dtype", "bfloat16"), ("context", 64), ("execution", "devices")):
+                       ("moe_loss_weight", 0.0), ("pipemare_fraction", 0.5), ("dtype", "bfloat16"),
+                       ("context", 64), ("execution", "devices"), ("optimizer", spec("pipedream", b1=0.8)),
+                       ("optimizer", spec("pipedream-lr")), ("optimizer", spec("rotation", refresh_every=5))):
     assert run_name(dataclasses.replace(CONFIG, **{field: value}), corpus.sha256, 256) != name, field
   # options at their "not used" value leave the identity (and the folders of older runs) unchanged
   assert "execution" not in identity(CONFIG, corpus.sha256, 256)["config"]

@@ -15,6 +15,7 @@ import tqdm as tqdm_lib
 from experiments import cli
 from experiments.harness import data as data_lib
 from experiments.harness import memory as memory_lib
+from experiments.harness import methods as methods_lib
 from experiments.harness import provenance, runs
 from experiments.harness.config import RunConfig, identity, run_dir, run_name
 from experiments.report import build as report_lib
@@ -121,8 +122,8 @@ class _Progress:
 
 
 def test_interrupt_and_resume_equals_uninterrupted(tmp_path):
-  spec = RunConfig(method="rotation", stages=2, seed=0, lr=3e-3, steps=40, batch_size=4,
-                        model="cpu-tiny", chunk=10, eval_every=20, eval_batches=2, checkpoint_every=20)
+  spec = RunConfig(optimizer=methods_lib.spec("rotation"), stages=2, seed=0, lr=3e-3, steps=40, batch_size=4,
+                   model="cpu-tiny", chunk=10, eval_every=20, eval_batches=2, checkpoint_every=20)
   ds = data_lib.default_corpus(32)
   clean = runs.train(spec, ds, tmp_path / "clean")
   with pytest.raises(_Interrupt):
@@ -149,8 +150,8 @@ def test_diverged_run_is_recorded(tmp_path, monkeypatch):
     return pipe, state, graphdef, loss_fn
 
   monkeypatch.setattr(runs, "build", nan_after_first_chunk)
-  spec = RunConfig(method="pipedream", stages=1, seed=0, lr=3e-3, steps=40, batch_size=4,
-                        model="cpu-tiny", chunk=10, eval_every=20, eval_batches=1, checkpoint_every=20)
+  spec = RunConfig(optimizer=methods_lib.spec("pipedream"), stages=1, seed=0, lr=3e-3, steps=40, batch_size=4,
+                   model="cpu-tiny", chunk=10, eval_every=20, eval_batches=1, checkpoint_every=20)
   result = runs.train(spec, data_lib.default_corpus(32), tmp_path / "d")
   assert result["status"] == "diverged" and result["steps_done"] == 20
   assert np.all(np.isfinite(result["losses"][:10])) and np.isnan(result["losses"][10])
@@ -213,7 +214,10 @@ def test_overrides_reach_every_run_and_its_identity():
   assert by["pipedream"].lr == 1e-3 and by["rotation"].lr == 2e-3
   assert all(c.batch_size == 2 and c.warmup_fraction == 0.1 for c in plan.main)
   # a rotation setting reaches rotation's runs only: the others keep their identities
-  assert by["rotation"].refresh_every == 5 and by["pipedream"].refresh_every is None
+  assert by["rotation"].optimizer.refresh_every == 5 and not by["pipedream"].optimizer.takes("refresh_every")
+  plain = {c.method: c for c in sweep.make_plan(sweep.parse_args(["--preset", "smoke"])).main}
+  assert by["pipedream"].optimizer == plain["pipedream"].optimizer
+  assert by["rotation"].optimizer == plain["rotation"].optimizer.overridden(refresh_every=5)
 
 
 @pytest.mark.parametrize("argv,match", [
@@ -355,8 +359,8 @@ def test_progress_shows_the_whole_name_and_a_resumption(tmp_path, monkeypatch):
     def set_postfix(self, *args, **kwargs):
       self.postfixes.append(dict(args[0]) if args else kwargs)
 
-  spec = RunConfig(method="pipedream", stages=2, steps=30, batch_size=4, model="cpu-tiny", chunk=10,
-                        eval_every=10, eval_batches=1, checkpoint_every=10)
+  spec = RunConfig(optimizer=methods_lib.spec("pipedream"), stages=2, steps=30, batch_size=4,
+                   model="cpu-tiny", chunk=10, eval_every=10, eval_batches=1, checkpoint_every=10)
   ds = data_lib.default_corpus(32)
   run_dir = tmp_path / "out" / "runs" / run_name(spec, ds.sha256, ds.vocab_size, 1)
   with pytest.raises(_Interrupt):
@@ -541,7 +545,8 @@ def test_ctrl_c_to_the_whole_process_group_mid_run_is_one_line(tmp_path, sigint_
 
 def test_warmup_in_delays_and_b2_reach_every_run():
   plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--warmup-delays", "2.5", "--b2", "0.99"]))
-  assert all(c.warmup_steps == 8 and c.b2 == 0.99 for c in plan.main)  # 2.5 x tau_max (P = 4: 3)
+  # warm-up 2.5 x tau_max (P = 4: 3)
+  assert all(c.warmup_steps == 8 and c.optimizer.setting("b2") == 0.99 for c in plan.main)
   assert {c.stages for c in plan.main} == {1, 4}  # P = 1 shares the schedule
   c = plan.main[0]
   assert runs.learning_rates.warmup_cosine(c)(8) == c.lr  # the peak is reached after the warm-up
@@ -598,7 +603,7 @@ def test_a_dead_worker_ends_only_its_own_run_and_failures_are_named(tmp_path):
   plan = sweep.make_plan(sweep.parse_args(["--preset", "smoke"]))
   ds = data_lib.load(None, context=plan.main[0].model_config(256).context)
   good = plan.main[0]
-  bad = dataclasses.replace(good, method="no-such-method")
+  bad = dataclasses.replace(good, mode="no-such-mode")
   todo = [(0, _KilledRun(), tmp_path / "killed"), (1, bad, tmp_path / "bad"),
           (2, good, run_dir(good, ds, tmp_path))]
   with tqdm_lib.tqdm(total=3, file=io.StringIO()) as overall:
@@ -647,8 +652,8 @@ def test_shampoo_beta_and_b1_reach_their_runs_and_leave_the_baselines_names():
   base, lag, b1 = names(plan()), names(plan("--shampoo-beta", "0.95")), names(plan("--b1", "0.95"))
   for key, (c, name) in lag.items():
     if key[0] == "rotation":
-      assert c.shampoo_beta == 0.95 and name != base[key][1] and "-sb0.95" in name
+      assert c.optimizer.shampoo_beta == 0.95 and name != base[key][1] and "-sb0.95" in name
     else:
-      assert c.shampoo_beta is None and name == base[key][1]  # the cached baseline is reused
-  assert all(c.b1 == 0.95 and "-b1_0.95" in n for c, n in b1.values())
+      assert not c.optimizer.takes("shampoo_beta") and name == base[key][1]  # the cached baseline is reused
+  assert all(c.optimizer.setting("b1") == 0.95 and "-b1_0.95" in n for c, n in b1.values())
   assert cli.run(sweep.main, ["--preset", "smoke", "--b1", "1.5", "--dry-run"]) == 2

@@ -150,7 +150,7 @@ def main(argv=None):
   if len(devices) < args.stages:
     raise SystemExit(f"{args.stages} stages need {args.stages} devices; found {len(devices)} "
                      "(on a CPU: --cpu-devices)")
-  config = RunConfig(method="pipedream", stages=args.stages, model="cpu-deep", batch_size=16,
+  config = RunConfig(stages=args.stages, model="cpu-deep", batch_size=16,
                           steps=args.chunk, chunk=args.chunk)
   ds = data_lib.default_corpus(config.model_config(256).context)
   batches = ds.batches(0, 0, args.chunk, config.batch_size, config.model_config(256).context)

@@ -48,7 +48,8 @@ def main(argv=None) -> list:
     raise ValueError(f"preset {args.preset!r} turns no memory option on: nothing to compare")
   settings = {"before": dict(remat=None, loss_chunk=None),
               "after": dict(remat=template.remat, loss_chunk=template.loss_chunk)}
-  configs = [(p, v, name, dataclasses.replace(template, method=args.method, stages=p, chunk=args.chunk,
+  optimizer = methods.spec(args.method)
+  configs = [(p, v, name, dataclasses.replace(template, optimizer=optimizer, stages=p, chunk=args.chunk,
                                               steps=args.chunk, eval_every=args.chunk,
                                               checkpoint_every=args.chunk, **over))
              for p in args.stages for v in args.vocab_sizes for name, over in settings.items()]
@@ -70,7 +71,7 @@ def main(argv=None) -> list:
     for v in args.vocab_sizes:
       seconds = {}
       for name, over in settings.items():
-        c = dataclasses.replace(template, method=args.method, stages=1, num_blocks=args.time_blocks,
+        c = dataclasses.replace(template, optimizer=optimizer, stages=1, num_blocks=args.time_blocks,
                                 chunk=args.chunk, steps=args.chunk, eval_every=args.chunk,
                                 checkpoint_every=args.chunk, **over)
         seconds[name] = step_seconds(c, v)

@@ -15,6 +15,7 @@ import pipeline_sim as ps
 from experiments.harness import data as data_lib
 from experiments.harness import methods
 from experiments.harness import model as model_lib
+from experiments.harness.optimizers import Spec, describe, name_format
 
 EXECUTIONS = ("emulated", "devices")
 NAME = "name"  # a RunConfig field's metadata key: its format in the run's name
@@ -33,6 +34,13 @@ def _later(default):
   return dataclasses.field(default=default, metadata={LATER: True})
 
 
+def _settings_text(value: Spec) -> str:
+  """The run settings that make ``value`` from its method (``methods.settings``), as run names
+  write them (``optimizers.name_format``, in ``Spec.run_settings``' order)."""
+  own = methods.settings(value) or {}
+  return "".join(name_format(k).format(v) for k, v in own.items() if name_format(k) and v is not None)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   """Every setting of one run: a preset holds a template, a run is ``dataclasses.replace`` of it.
@@ -42,8 +50,11 @@ class RunConfig:
   never reused or resumed with other settings or other data.
 
   Attributes:
-    method: key of ``experiments.harness.methods.METHODS``: the name of an optimizer value
-      (``experiments.harness.optimizers``); ``optimizer`` is the run's, with its settings below.
+    optimizer: the run's optimizer, a value (``experiments.harness.optimizers``): a method's
+      (``methods.spec("rotation", b1=0.95)``, ``methods.METHODS``) or one built by hand. Its
+      ``name`` labels the run (``method``); the run settings that make it from that method
+      (``--b1``, ``--b2``, ``--shampoo-beta``, ``--refresh-every``, ``--predict-scale``,
+      ``--dc-lambda``) are written in the run's name.
     stages: pipeline depth P (P = 1: synchronous training).
     seed: parameter initialisation and batch stream.
     mode: pipeline emulation, one of ``pipeline_sim.MODES``.
@@ -69,12 +80,6 @@ class RunConfig:
     warmup_steps: the warm-up in steps instead of the fraction (``None``: the fraction). The sweep's
       ``--warmup-delays K`` sets it to ``K`` times the largest delay of the sweep for every run, so
       that a study can measure warm-up in units of the delay.
-    b2: second-moment decay of every method (Adam's moments, Nesterov's, and rotation's ``L``, ``R``
-      statistics and moments).
-    b1: first-moment (momentum) decay of every method; ``None`` keeps each method's own (AdamW,
-      PipeDream-LR and rotation 0.9, Nesterov 0.99, Muon 0.95 with 0.9 for its AdamW leaves).
-    shampoo_beta: decay of rotation's ``L``, ``R`` statistics (rotation methods only); ``None``
-      follows ``b2``. The estimation-lag study: a smaller value tracks a moving basis faster.
     warmup_start: learning rate at step 0.
     final_lr_fraction: the cosine decay's end, as a fraction of the peak.
     pipemare_fraction: PipeDream-LR's transition ``T_c`` as a fraction of ``steps`` (the paper's
@@ -82,7 +87,6 @@ class RunConfig:
     clip_norm: per-stage gradient-norm clipping.
     weight_decay: decoupled weight decay of every method.
     moe_loss_weight: weight of the mixture-of-experts load-balancing loss.
-    refresh_every: basis refresh period of rotation methods; ``None`` uses the method's own.
     fsdp: shard the emulated pipeline's state (weights, optimizer states, rings) over the data
       devices instead of replicating it (``pipeline_sim.fsdp``); same numbers to float round-off.
     dtype: activations and matmuls, ``float32`` or ``bfloat16`` (parameters and optimizer states
@@ -105,7 +109,6 @@ class RunConfig:
       ``single-pass`` (no training token predicted twice; the run must fit in one pass).
   """
 
-  method: str = "pipedream"
   stages: int = 1
   seed: int = 0
   mode: str = "weight_stashing"
@@ -120,11 +123,7 @@ class RunConfig:
   schedule: str = _named("-{}", "1f1b")
   fsdp: bool = _named("-fsdp", False)
   warmup_steps: int | None = _named("-wu{}")
-  b2: float = _named("-b2_{:g}", 0.999)
-  b1: float | None = _named("-b1_{:g}")
-  shampoo_beta: float | None = _named("-sb{:g}")
-  predict_scale: float | None = _named("-ps{:g}")
-  dc_lambda: float | None = _named("-dc{:g}")
+  optimizer: Spec = _named(_settings_text, methods.METHODS["pipedream"], later=False)
   diagnose_every: int | None = _named("-diag{}")
   remat: str | None = _named("-remat")
   loss_chunk: int | None = _named("-lc{}")
@@ -139,7 +138,6 @@ class RunConfig:
   clip_norm: float = 1.0
   weight_decay: float = 0.01
   moe_loss_weight: float = 0.01
-  refresh_every: int | None = None
   chunk: int = 50
   eval_every: int = 250
   eval_batches: int = 4
@@ -147,20 +145,22 @@ class RunConfig:
   tag: str = ""
   diagnose_steps: int = _later(16)
 
+  def __post_init__(self):
+    if not isinstance(self.optimizer, Spec):
+      raise ValueError(f"optimizer must be an optimizer value (experiments.harness.optimizers, e.g. "
+                       f"methods.spec('rotation')), got {self.optimizer!r}")
+
   @property
-  def optimizer(self):
-    """The run's optimizer as a value (``experiments.harness.optimizers``): its method's with the
-    run's ``b1``, ``b2``, ``shampoo_beta``, ``refresh_every``, ``predict_scale`` and ``dc_lambda``
-    applied and checked (``methods.resolve``)."""
-    return methods.resolve(self)
+  def method(self) -> str:
+    """The run's label: the name of the method its optimizer was made from (``Spec.label``)."""
+    return self.optimizer.label
 
   @property
   def name(self) -> str:
     """A readable name (not unique: ``run_name`` adds the identity hash): the model, every named
     field that differs from its default (``NAME``), then mode, method, P, rate, steps, seed, tag."""
     c = canonical(self)
-    named = "".join(f.metadata[NAME].format(getattr(c, f.name)) for f in dataclasses.fields(c)
-                    if NAME in f.metadata and getattr(c, f.name) not in (f.default, None))
+    named = "".join(_name_part(f, getattr(c, f.name)) for f in dataclasses.fields(c) if NAME in f.metadata)
     tag = f"_{c.tag}" if c.tag else ""
     return f"{c.model}{named}_{c.mode}_{c.method}_P{c.stages}_lr{c.lr:g}_n{c.steps}_s{c.seed}{tag}"
 
@@ -174,7 +174,7 @@ class RunConfig:
 
   def validate(self) -> None:
     """Every check that can fail before training starts."""
-    optimizer = self.optimizer  # the method's value with this run's settings, each checked
+    optimizer = self.optimizer  # a value, its settings checked when it was made
     if optimizer.remedy is not None:
       if self.execution != "emulated":
         raise ValueError(f"method {self.method!r} (a staleness remedy) runs in the emulated pipeline only, "
@@ -237,17 +237,33 @@ class RunConfig:
                          f"{self.diagnose_steps})")
 
 
-# Options added after runs were recorded (``LATER`` in a field's metadata), left out of the identity
-# while at their default, the value that means "not used", so that adding an option never
-# invalidates finished runs that do not use it. A new option: a field with ``_named`` or ``_later``.
-OPTIONAL_FIELDS = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.metadata.get(LATER)}
+def _name_part(field, value) -> str:
+  fmt = field.metadata[NAME]
+  if callable(fmt):
+    return fmt(value)
+  return "" if value in (field.default, None) else fmt.format(value)
+
+
+# Options added after runs were recorded (``LATER`` in a field's metadata, and the recorded run
+# settings but refresh_every, ``methods.RECORDED``), left out of the identity while at their
+# default, the value that means "not used", so that adding an option never invalidates finished runs
+# that do not use it. A new option: a field with ``_named`` or ``_later``.
+OPTIONAL_FIELDS = {**{f.name: f.default for f in dataclasses.fields(RunConfig) if f.metadata.get(LATER)},
+                   **{k: v for k, v in methods.RECORDED.items() if k != "refresh_every"}}
+
+
+def record(config: RunConfig) -> dict:
+  """``config`` as plain data, as a run's ``result.json`` records it: its fields, with the optimizer
+  as ``methods.record`` writes it (its label, its run settings and the whole value)."""
+  fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "optimizer"}
+  return {**methods.record(config.optimizer), **fields}
 
 
 def recorded(config: dict) -> RunConfig:
   """The ``RunConfig`` of a config recorded in a run's ``result.json`` or a curves file (a field it
-  predates takes its default)."""
-  names = {f.name for f in dataclasses.fields(RunConfig)}
-  return RunConfig(**{k: v for k, v in config.items() if k in names})
+  predates takes its default; the optimizer is ``methods.recorded``'s)."""
+  names = {f.name for f in dataclasses.fields(RunConfig)} - {"optimizer"}
+  return RunConfig(**{k: v for k, v in config.items() if k in names}, optimizer=methods.recorded(config))
 
 
 def optimizer_of(config: dict):
@@ -288,17 +304,18 @@ def identity(config: RunConfig, data_sha256: str, vocab_size: int, devices: int 
 
   The code's version is not part of it (every commit would orphan every finished run): a finished
   run is reused and records the code that made it (``result.json``), and a checkpoint written by
-  other code is never resumed (``train`` restarts the run, with a warning). What the method's name
-  means is (``methods.definition``), wherever it is not what the name meant when the published runs
-  were made (``methods.PUBLISHED``): an edited method's runs get new folders.
+  other code is never resumed (``train`` restarts the run, with a warning). The optimizer is there
+  as its method's name and run settings, as every published run recorded it, where the method means
+  what it meant then (``methods.published``); else as the whole value too (``optimizer``): an edited
+  method's, a new one's and a hand-built value's runs get folders of their own.
   """
   config = canonical(config)
-  fields = {k: v for k, v in dataclasses.asdict(config).items()
-            if not (k in OPTIONAL_FIELDS and v == OPTIONAL_FIELDS[k])}
+  fields = {k: v for k, v in record(config).items()
+            if k != "optimizer" and not (k in OPTIONAL_FIELDS and v == OPTIONAL_FIELDS[k])}
   out = {"config": fields, "data_sha256": data_sha256, "vocab_size": vocab_size,
          "model_revision": MODEL_REVISION}
-  if methods.digest(config.method) != methods.PUBLISHED.get(config.method):
-    out["method"] = methods.definition(config.method)  # an edited or a new method: its meaning
+  if not methods.published(config.optimizer):
+    out["optimizer"] = describe(config.optimizer)
   if devices != 1:
     out["devices"] = int(devices)
   return out

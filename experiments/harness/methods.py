@@ -1,5 +1,6 @@
 """Methods of the study: the names of the optimizer values (``experiments.harness.optimizers``) the
-study runs, and a run's per-stage optax optimizers."""
+study runs (``METHODS``, ``spec``), how a run's value is written in its name and identity
+(``settings``, ``record``), and a run's per-stage optax optimizers (``run_optimizers``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import json
 import pipeline_sim as ps
 from experiments.harness import learning_rates
 from experiments.harness.optimizers import (
-  SETTINGS,
   AdamW,
   Context,
   DelayCompensation,
@@ -20,9 +20,10 @@ from experiments.harness.optimizers import (
   Rotation,
   Spec,
   describe,
+  value_of,
 )
 
-METHODS = {
+_VALUES = {
     "pipedream": AdamW(),
     "pipedream-lr": AdamW(stage_lr=True),
     "nesterov": Nesterov(),
@@ -56,8 +57,10 @@ METHODS = {
 REMEDIES = ("predict", "dc")
 REMEDY_BASES = ("pipedream", "muon", "rotation")
 _WRAPPERS = {"predict": Predict, "dc": DelayCompensation}
-METHODS.update({f"{base}+{remedy}": _WRAPPERS[remedy](optimizer=METHODS[base])
+_VALUES.update({f"{base}+{remedy}": _WRAPPERS[remedy](optimizer=_VALUES[base])
                 for base in REMEDY_BASES for remedy in REMEDIES})
+# Each value named by its key: the label of its runs (``Spec.name``).
+METHODS = {name: dataclasses.replace(value, name=name) for name, value in _VALUES.items()}
 PREDICT_SCALE, DC_LAMBDA = Predict.scale, DelayCompensation.lam  # the remedies' default settings
 
 BASELINES = ("pipedream", "pipedream-lr", "nesterov")  # the asynchronous baselines of the study
@@ -105,19 +108,21 @@ def reference(name: str) -> str:
   is its optimizer's run (mathematically the same run; compiled as another program, it agrees to
   round-off only); a staleness-aware memory's (``memory="stage"``: an undelayed stage keeps the base
   decay) is the same method with the uniform memory, ``rotation-stage-decay``'s ``rotation``'s."""
-  spec = check_method(name)
-  if spec.remedy:
+  value = check_method(name)
+  if value.remedy:
     return name.partition("+")[0]
-  if getattr(spec, "memory", None) == "stage":
-    uniform = dataclasses.replace(spec, memory="uniform")
-    return next((n for n, m in METHODS.items() if m == uniform), name)
+  if getattr(value, "memory", None) == "stage":
+    uniform = describe(dataclasses.replace(value, memory="uniform"))
+    return next((n for n, m in METHODS.items() if describe(m) == uniform), name)
   return name
 
 
 def check_method(name: str) -> Spec:
+  """The method's value, named ``name`` (an entry added to ``METHODS`` unnamed is named here)."""
   if name not in METHODS:
     raise ValueError(f"unknown method {name!r}; choose from {sorted(METHODS)}")
-  return METHODS[name]
+  value = METHODS[name]
+  return value if value.name == name else dataclasses.replace(value, name=name)
 
 
 # What a run setting that a method does not take means, for the error that names both (any other:
@@ -130,31 +135,70 @@ _NOT_TAKEN = {
 }
 
 
-def resolve(config) -> Spec:
-  """A run's optimizer: its method's value with the run's settings applied, each checked once (a
-  ``ValueError`` naming the setting and the method)."""
-  settings = {name: getattr(config, name) for name in SETTINGS}
+def spec(method: str, **settings) -> Spec:
+  """The method's value with the run settings ``settings`` (``optimizers.SETTINGS``; ``None``:
+  the method's own) applied, each checked once: a ``ValueError`` naming the setting and the method."""
   try:
-    return check_method(config.method).overridden(**settings)
+    return check_method(method).overridden(**settings)
   except KeyError as e:
     name = e.args[0]
     text = _NOT_TAKEN.get(name, "{name}={value!r} does not reach method {method!r}")
-    raise ValueError(text.format(name=name, method=config.method, value=settings[name])) from None
+    raise ValueError(text.format(name=name, method=method, value=settings[name])) from None
+
+
+def settings(value: Spec) -> dict | None:
+  """The run settings that make ``value`` from the method it is named for (``Spec.settings_from``:
+  ``None`` where they agree), or ``None`` for a value no method's settings make (one built by hand)."""
+  return value.settings_from(check_method(value.name)) if value.name in METHODS else None
+
+
+def published(value: Spec) -> bool:
+  """Whether ``value`` is a method's, with run settings applied, as the method meant when the
+  published runs were made (``PUBLISHED``): then its method's name and settings identify its runs,
+  as they did every published run's; else its identity holds the whole value."""
+  return settings(value) is not None and PUBLISHED.get(value.name) == digest(value.name)
+
+
+# How every run recorded its optimizer before the optimizer was a value: the method's name and these
+# settings (``None``: the method's own; b2 always as a number). The run name and identity of every
+# committed run are written from them.
+RECORDED = {"b2": 0.999, "b1": None, "shampoo_beta": None, "refresh_every": None, "predict_scale": None,
+            "dc_lambda": None}
+
+
+def record(value: Spec) -> dict:
+  """A run's optimizer as it is recorded in its config: ``method`` (its label), the run settings
+  (``RECORDED``'s, and any later one that is set) and ``optimizer``, the whole value
+  (``describe``, with its ``name``), from which ``recorded`` rebuilds it."""
+  own = settings(value) or {}
+  out = {"method": value.label, **RECORDED, **{k: v for k, v in own.items() if v is not None}}
+  out["b2"] = value.setting("b2") if value.takes("b2") else RECORDED["b2"]
+  return {**out, "optimizer": {"name": value.name, **describe(value)}}
+
+
+def recorded(config: dict) -> Spec:
+  """The optimizer of a recorded config (``record``): its whole value where it was recorded, else
+  (runs recorded before) its method's with the recorded settings applied."""
+  if "optimizer" in config:
+    return value_of(config["optimizer"])
+  name = config.get("method", "pipedream")
+  value = check_method(name)
+  return spec(name, **{k: config.get(k) for k in value.run_settings()})
 
 
 def run_optimizers(config) -> ps.StageOptimizers:
   """One optimizer per stage for ``config`` (an ``experiments.harness.runs.RunConfig``), each behind
-  per-stage gradient clipping at ``config.clip_norm``: its resolved value's ``build`` for each stage,
-  for the delays of the run's schedule (a pipeline of another refuses them)."""
-  spec = resolve(config)
+  per-stage gradient clipping at ``config.clip_norm``: its value's ``build`` for each stage, for the
+  delays of the run's schedule (a pipeline of another refuses them)."""
+  value = config.optimizer
   delays = ps.stage_delays(config.stages, config.schedule)
   context = Context(learning_rates.warmup_cosine(config), delays, config.weight_decay, config.seed,
                     max(1, int(config.pipemare_fraction * config.steps)))
-  return ps.per_stage(lambda k: spec.build(context, k), config.stages, clip_norm=config.clip_norm,
+  return ps.per_stage(lambda k: value.build(context, k), config.stages, clip_norm=config.clip_norm,
                       delays=delays)
 
 
 def predict_scale(config) -> float | None:
   """The ``Pipeline(predict=...)`` scale of a run: ``None`` unless its method predicts."""
-  spec = resolve(config)
-  return spec.scale if spec.remedy == "predict" else None
+  value = config.optimizer
+  return value.scale if value.remedy == "predict" else None

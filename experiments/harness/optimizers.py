@@ -2,11 +2,12 @@
 when it is constructed, with ``build(context, k)`` returning pipeline stage k's
 ``optax.GradientTransformation``.
 
-``experiments.harness.methods.METHODS`` names the values the study runs; a run's optimizer is its
-method's value with the run's own settings applied (``overridden``: ``--b1``, ``--b2``,
-``--shampoo-beta``, ``--refresh-every``, ``--predict-scale``, ``--dc-lambda``), and what the run
-records (``describe``). A new method is one entry of ``METHODS``; a new knob is a field here (and
-a flag row, ``experiments.sweep.flags``).
+``experiments.harness.methods.METHODS`` names the values the study runs; a run holds its optimizer
+as a value (``RunConfig.optimizer``): a method's, with the run's settings applied (``overridden``:
+the sweep's ``--b1``, ``--b2``, ``--shampoo-beta``, ``--refresh-every``, ``--predict-scale``,
+``--dc-lambda``), and records it as plain data (``describe``, read back by ``value_of``). A new method
+is one entry of ``METHODS``; a new knob is a ``knob`` field of its kind and a flag row
+(``experiments.sweep.flags``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,35 @@ from rotation.options import FIRST_ORDER_STEPS, GEOMETRIES, SOURCES, check_decay
 
 MEMORIES = ("uniform", "stage")
 BASES = ("estimated", "random")
+
+# The published run settings' forms in run names (``None``: in the run's identity only), in the
+# order names write them: those of the names every committed run was published under. A later
+# setting is written ``-<setting><value>`` after them (``name_format``).
+NAME_FORMATS = {"b2": "-b2_{:g}", "b1": "-b1_{:g}", "shampoo_beta": "-sb{:g}", "refresh_every": None,
+                "predict_scale": "-ps{:g}", "dc_lambda": "-dc{:g}"}
+SETTING = "setting"  # a field's metadata key: the run setting that sets it
+ALWAYS = "always"  # a field's metadata key: its setting is written even at the method's value
+LATER = "added_later"  # a field's metadata key: added after runs were recorded (``describe``)
+
+
+def name_format(setting: str) -> str | None:
+  """How run names write the run setting ``setting`` (``NAME_FORMATS``)."""
+  return NAME_FORMATS.get(setting, f"-{setting}{{}}")
+
+
+def knob(setting: str, default, always: bool = False, later: bool = False):
+  """A field that the run setting ``setting`` (the sweep's flag of that name) sets; the fields of
+  several kinds, or two of one kind (Muon's momenta), may answer to one setting. ``always``: the setting
+  is part of every run's name and identity, its method's own value too (a remedy's strength, which
+  its study varies). ``later``: a field added after runs were recorded, left out of ``describe``
+  while at its default (which must mean what the kind did before it), so that it changes no
+  recorded method's meaning."""
+  return dataclasses.field(default=default, metadata={SETTING: setting, ALWAYS: always, LATER: later})
+
+
+def added_later(default):
+  """A field that no run setting sets, added after runs were recorded (``knob``'s ``later``)."""
+  return dataclasses.field(default=default, metadata={LATER: True})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,20 +93,47 @@ def _scale(name: str, value) -> None:
 @dataclasses.dataclass(frozen=True)
 class Spec(abc.ABC):
   """What every kind has: ``KIND`` (its name in a run's record), ``remedy`` (the staleness remedy a
-  wrapper adds, else ``None``), ``base`` (the optimizer under any remedy) and the run settings it
-  takes (``OVERRIDES``: a run setting -> the fields it sets)."""
+  wrapper adds, else ``None``), ``base`` (the optimizer under any remedy), its ``knob`` fields (the
+  run settings it takes) and ``name``: the method it was made from (``methods.METHODS``), the label
+  of its runs; it keeps it when a run's settings are applied, and ``describe`` leaves it out (it
+  names the value, it is not part of what it does)."""
 
   KIND: ClassVar[str] = ""
-  OVERRIDES: ClassVar[dict] = {}
   remedy: ClassVar[str | None] = None
+  name: str = dataclasses.field(default="", kw_only=True)
 
   @property
   def base(self) -> Spec:
     return self
 
+  @property
+  def label(self) -> str:
+    """What a run of this value is called: its method's name, else its kind's."""
+    return self.name or self.KIND
+
+  def _knobs(self, setting: str) -> tuple:
+    return tuple(f.name for f in dataclasses.fields(self) if f.metadata.get(SETTING) == setting)
+
+  def always(self, setting: str) -> bool:
+    """Whether ``setting`` is written even at its method's value (``knob``)."""
+    return any(f.metadata.get(ALWAYS) for f in dataclasses.fields(self) if f.name in self._knobs(setting))
+
   def takes(self, setting: str) -> bool:
-    """Whether a run's ``setting`` (a ``RunConfig`` field) reaches this optimizer."""
-    return setting in self.OVERRIDES
+    """Whether the run setting ``setting`` reaches this optimizer."""
+    return bool(self._knobs(setting))
+
+  def run_settings(self) -> tuple:
+    """The run settings this optimizer takes, in ``SETTINGS``' order (a kind's own after them)."""
+    return _ordered(f.metadata[SETTING] for f in dataclasses.fields(self) if SETTING in f.metadata)
+
+  def setting(self, setting: str):
+    """The value of the run setting ``setting`` in this optimizer (``None``: it takes none)."""
+    knobs = self._knobs(setting)
+    return getattr(self, knobs[0]) if knobs else None
+
+  def setting_values(self, setting: str) -> tuple:
+    """The values of every field that the run setting ``setting`` sets (Muon's ``b1``: two)."""
+    return tuple(getattr(self, k) for k in self._knobs(setting))
 
   def overridden(self, **settings) -> Spec:
     """This value with the run's settings that are not ``None`` applied; a setting it does not
@@ -85,10 +142,17 @@ class Spec(abc.ABC):
     for name, value in settings.items():
       if value is None:
         continue
-      if name not in self.OVERRIDES:
+      if not self.takes(name):
         raise KeyError(name)
-      changes.update(dict.fromkeys(self.OVERRIDES[name], value))
+      changes.update(dict.fromkeys(self._knobs(name), value))
     return dataclasses.replace(self, **changes) if changes else self
+
+  def settings_from(self, method: Spec) -> dict | None:
+    """The run settings that make ``method`` this value (each ``None`` where they agree), or
+    ``None`` where no settings do."""
+    same = lambda s: self.setting_values(s) == method.setting_values(s) and not self.always(s)
+    settings = {s: None if same(s) else self.setting(s) for s in self.run_settings()}
+    return settings if method.overridden(**settings) == self else None
 
   @abc.abstractmethod
   def build(self, context: Context, k: int) -> optax.GradientTransformation:
@@ -101,9 +165,8 @@ class AdamW(Spec):
   ``pipeline_sim.pipedream_lr``)."""
 
   KIND: ClassVar[str] = "adamw"
-  OVERRIDES: ClassVar[dict] = {"b1": ("b1",), "b2": ("b2",)}
-  b1: float = 0.9
-  b2: float = 0.999
+  b1: float = knob("b1", 0.9)
+  b2: float = knob("b2", 0.999)
   stage_lr: bool = False
 
   def __post_init__(self):
@@ -125,9 +188,8 @@ class Nesterov(Spec):
   stage). A run's ``b1`` sets every stage's momentum."""
 
   KIND: ClassVar[str] = "nesterov"
-  OVERRIDES: ClassVar[dict] = {"b1": ("b1",), "b2": ("b2",)}
-  b1: float = 0.99
-  b2: float = 0.999
+  b1: float = knob("b1", 0.99)
+  b2: float = knob("b2", 0.999)
   stage_b1: float | None = None
 
   def overridden(self, **settings) -> Spec:
@@ -153,10 +215,9 @@ class Muon(Spec):
   ``b1`` sets both momenta."""
 
   KIND: ClassVar[str] = "muon"
-  OVERRIDES: ClassVar[dict] = {"b1": ("beta", "adam_b1"), "b2": ("b2",)}
-  beta: float = 0.95
-  adam_b1: float = 0.9
-  b2: float = 0.999
+  beta: float = knob("b1", 0.95)
+  adam_b1: float = knob("b1", 0.9)
+  b2: float = knob("b2", 0.999)
   consistent_rms: float = 0.2
 
   def __post_init__(self):
@@ -194,15 +255,13 @@ class Rotation(Spec):
   """
 
   KIND: ClassVar[str] = "rotation"
-  OVERRIDES: ClassVar[dict] = {"b1": ("b1",), "b2": ("b2",), "shampoo_beta": ("shampoo_beta",),
-                               "refresh_every": ("refresh_every",)}
-  b1: float = 0.9
-  b2: float = 0.999
-  shampoo_beta: float | None = None
+  b1: float = knob("b1", 0.9)
+  b2: float = knob("b2", 0.999)
+  shampoo_beta: float | None = knob("shampoo_beta", None)
   source: str = "second"
   geometry: str = "bilateral"
   first_order_step: str = "paper"
-  refresh_every: int = 10
+  refresh_every: int = knob("refresh_every", 10)
   allocation: str = "uniform"
   bases: str = "estimated"
   freeze_after: int | None = None
@@ -261,11 +320,24 @@ class _Remedy(Spec):
     return self.optimizer.base
 
   def takes(self, setting: str) -> bool:
-    return setting in self.OVERRIDES or self.optimizer.takes(setting)
+    return super().takes(setting) or self.optimizer.takes(setting)
+
+  def setting(self, setting: str):
+    return Spec.setting(self, setting) if Spec.takes(self, setting) else self.optimizer.setting(setting)
+
+  def setting_values(self, setting: str) -> tuple:
+    own = Spec.takes(self, setting)
+    return Spec.setting_values(self, setting) if own else self.optimizer.setting_values(setting)
+
+  def always(self, setting: str) -> bool:
+    return Spec.always(self, setting) if Spec.takes(self, setting) else self.optimizer.always(setting)
+
+  def run_settings(self) -> tuple:
+    return _ordered((*Spec.run_settings(self), *self.optimizer.run_settings()))
 
   def overridden(self, **settings) -> Spec:
-    own = {k: v for k, v in settings.items() if k in self.OVERRIDES}
-    inner = self.optimizer.overridden(**{k: v for k, v in settings.items() if k not in self.OVERRIDES})
+    own = {k: v for k, v in settings.items() if Spec.takes(self, k)}
+    inner = self.optimizer.overridden(**{k: v for k, v in settings.items() if k not in own})
     return dataclasses.replace(super().overridden(**own), optimizer=inner)
 
 
@@ -275,9 +347,9 @@ class Predict(_Remedy):
   the pipeline extrapolates the stashed weights; the optimizer is the one it wraps."""
 
   KIND: ClassVar[str] = "predict"
-  OVERRIDES: ClassVar[dict] = {"predict_scale": ("scale",)}
   remedy: ClassVar[str] = "predict"
-  scale: float = 1.0  # extrapolate over the whole delay at the last step's rate
+  # 1: extrapolate over the whole delay at the last step's rate
+  scale: float = knob("predict_scale", 1.0, always=True)
 
   def __post_init__(self):
     super().__post_init__()
@@ -292,9 +364,8 @@ class DelayCompensation(_Remedy):
   """DC-ASGD's delay compensation (``pipeline_sim.dc_asgd``, adaptive form) around ``optimizer``."""
 
   KIND: ClassVar[str] = "dc"
-  OVERRIDES: ClassVar[dict] = {"dc_lambda": ("lam",)}
   remedy: ClassVar[str] = "dc"
-  lam: float = 1.0
+  lam: float = knob("dc_lambda", 1.0, always=True)
   decay: float = 0.95  # the adaptive form's mean-square decay (the paper's)
 
   def __post_init__(self):
@@ -311,12 +382,37 @@ class DelayCompensation(_Remedy):
     return ps.dc_asgd(self.optimizer.build(context, k), self.lam, self.decay)
 
 
-KINDS = (AdamW, Nesterov, Muon, Rotation, Predict, DelayCompensation)
-# The run settings some optimizer takes (``RunConfig``'s fields of those names), in a fixed order.
-SETTINGS = tuple(dict.fromkeys(name for kind in KINDS for name in kind.OVERRIDES))
+KINDS = {kind.KIND: kind for kind in (AdamW, Nesterov, Muon, Rotation, Predict, DelayCompensation)}
+# Every run setting some kind takes (``knob``), the published ones first, in ``NAME_FORMATS``' order.
+_KNOBS = [f.metadata[SETTING] for kind in KINDS.values() for f in dataclasses.fields(kind)
+          if SETTING in f.metadata]
+SETTINGS = tuple(dict.fromkeys([*NAME_FORMATS, *_KNOBS]))
+
+
+def _ordered(settings) -> tuple:
+  """``settings`` once each, in ``SETTINGS``' order, any other after them."""
+  settings = set(settings)
+  return tuple(s for s in SETTINGS if s in settings) + tuple(sorted(settings - set(SETTINGS)))
 
 
 def describe(spec: Spec) -> dict:
-  """A value as plain data: its kind and its fields (a wrapped optimizer described alike)."""
-  fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-  return {"kind": spec.KIND, **{k: describe(v) if isinstance(v, Spec) else v for k, v in fields.items()}}
+  """A value as plain data: its kind and its fields, a wrapped optimizer described alike; ``name``
+  and the fields added later that are at their default are left out (``knob``)."""
+  out = {"kind": spec.KIND}
+  for f in dataclasses.fields(spec):
+    value = getattr(spec, f.name)
+    if f.name == "name" or (f.metadata.get(LATER) and value == f.default):
+      continue
+    out[f.name] = describe(value) if isinstance(value, Spec) else value
+  return out
+
+
+def value_of(described: dict) -> Spec:
+  """The value that ``describe`` wrote (with ``name``, where it holds one)."""
+  fields = dict(described)
+  kind = fields.pop("kind", None)
+  if kind not in KINDS:
+    raise ValueError(f"unknown optimizer kind {kind!r}; choose from {sorted(KINDS)}")
+  if "optimizer" in fields:
+    fields["optimizer"] = value_of(fields["optimizer"])
+  return KINDS[kind](**fields)

@@ -12,7 +12,6 @@ gradient norm, seconds) while the run trains.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
@@ -25,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import pipeline_sim as ps
-from experiments.harness import learning_rates, methods, optimizers, provenance
+from experiments.harness import learning_rates, methods, provenance
 from experiments.harness import model as model_lib
 from experiments.harness.checkpoints import _Checkpoints
-from experiments.harness.config import OutOfMemory, RunConfig, identity, out_of_memory
+from experiments.harness.config import OutOfMemory, RunConfig, identity, out_of_memory, record
 from experiments.harness.data import Dataset
 from experiments.harness.processes import DamagedFileError, _read_json, barrier, is_primary, write_json
 
@@ -206,8 +205,7 @@ class _Record:
     c, timing = self.config, self.timing
     steady = timing["steady_steps"] / timing["steady_seconds"] if timing["steady_seconds"] else None
     result = {
-        "name": run_dir.name, "config": dataclasses.asdict(c), "identity": ident,
-        "optimizer": optimizers.describe(c.optimizer),  # what the method meant, resolved, for this run
+        "name": run_dir.name, "config": record(c), "identity": ident,
         "status": status, "steps_done": int(step), "losses": [float(x) for x in self.losses],
         "val_steps": [i * c.eval_every for i in range(len(self.val_losses))],
         "val_losses": [float(x) for x in self.val_losses],

@@ -235,8 +235,10 @@ def compact(run: dict, block: int) -> dict:
 def setting(config: dict, free) -> str:
   """What a study holds fixed, as a comparable key: ``config`` without the fields in ``free``;
   options recorded after a run was trained read as their "not used" value (``OPTIONAL_FIELDS``), and
-  P = 1 is one run under either schedule."""
+  P = 1 is one run under either schedule. The optimizer is compared by its method and settings (the
+  whole value, recorded since December 2026, is not in the runs recorded before)."""
   c = {**OPTIONAL_FIELDS, **config}
+  c.pop("optimizer", None)
   if c.get("stages") == 1:
     c["schedule"] = "1f1b"
   return json.dumps({k: v for k, v in c.items() if k not in free}, sort_keys=True)

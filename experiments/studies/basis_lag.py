@@ -28,7 +28,6 @@ stage as the mean over the checkpoints past the first 20% of training. Writes ``
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import sys
@@ -42,6 +41,7 @@ from experiments import cli
 from experiments.harness import data as data_lib
 from experiments.harness import model as model_lib
 from experiments.harness import runs
+from experiments.harness.config import record
 from experiments.report import plots
 from experiments.studies import write_summary
 from experiments.studies.hessian import run_bases
@@ -126,7 +126,7 @@ def measure(decay: float | None, args, ds, progress=print) -> dict:
     progress(f"decay {config.optimizer.statistics_decay:g} step {step}: stage 0 lag "
              f"{values[0]['lag']:.3f}, last stage lag {values[config.stages - 1]['lag']:.3f} "
              f"({time.time() - start:.0f} s)")
-  return {"decay": config.optimizer.statistics_decay, "config": dataclasses.asdict(config), "points": points,
+  return {"decay": config.optimizer.statistics_decay, "config": record(config), "points": points,
           "seconds": time.time() - start}
 
 

@@ -28,7 +28,6 @@ are reused. Writes ``protocol.md``, ``protocol.json`` and figures into ``--out``
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import sys
@@ -39,7 +38,7 @@ import numpy as np
 from experiments import cli
 from experiments.harness import data as data_lib
 from experiments.harness import processes, provenance
-from experiments.harness.methods import BASELINES
+from experiments.harness.methods import BASELINES, RECORDED
 from experiments.report import metrics, plots, tables
 from experiments.sweep import folders, presets, workers
 from experiments.sweep import plan as plan_lib
@@ -100,7 +99,8 @@ def settings(args, preset) -> dict:
   """``{label: (run-config overrides, seeds)}`` of the warm-up and b2 studies (the preset first)."""
   t = preset.template
   tau = args.top - 1
-  base = f"preset: warm-up {t.warmup_fraction:.1%} ({int(t.warmup_fraction * t.steps)} steps), b2 {t.b2:g}"
+  b2 = dict(preset.settings).get("b2", RECORDED["b2"])  # every method's own unless --b2
+  base = f"preset: warm-up {t.warmup_fraction:.1%} ({int(t.warmup_fraction * t.steps)} steps), b2 {b2:g}"
   out = {base: ({}, args.seeds)}
   for k in args.warmup_delays:
     out[f"warm-up {k:g} tau_max ({int(round(k * tau))} steps)"] = ({"warmup_steps": int(round(k * tau))},
@@ -176,7 +176,7 @@ def main(argv=None) -> pathlib.Path:
   provenance.code_version()
   t = preset.template
   top, window = args.top, preset.window()
-  make = lambda m, p, s, **kw: dataclasses.replace(preset.config(m, p, s), **kw)
+  make = lambda m, p, s, **kw: preset.config(m, p, s, **kw)  # kw: fields and run settings
   study = settings(args, preset)
   grid = {(m, p): [preset.learning_rate(m) * g for g in sorted(args.lr_grid)]
           for m in args.lr_methods for p in (1, top)}

@@ -45,13 +45,13 @@ ROUNDS = 7
 
 def configs_of(runs) -> dict:
   """``{(method, P): RunConfig}``: seed 0's (else the lowest seed's) config of each main-study run."""
-  from experiments.harness.config import RunConfig
+  from experiments.harness.config import recorded
 
   out = {}
   for r in sorted(runs, key=lambda r: r["config"]["seed"]):
     c = r["config"]
     if r["group"] == "main" and c["method"] in MAIN:
-      out.setdefault((c["method"], c["stages"]), RunConfig(**c))
+      out.setdefault((c["method"], c["stages"]), recorded(c))
   return dict(sorted(out.items()))
 
 

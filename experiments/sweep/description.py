@@ -38,12 +38,13 @@ def study_meta(preset, ds, stages, command: str) -> dict:
   t = preset.template
   window = preset.window()
   warmup = f"{t.warmup_steps} steps" if t.warmup_steps is not None else f"{t.warmup_fraction:.1%}"
-  own_b1 = "each method's own"
+  settings = dict(preset.settings)
+  b1 = format(settings["b1"], "g") if "b1" in settings else "each method's own"
   setting = [
       f"data: `{ds.name}`, {ds.num_tokens} tokens, vocabulary {ds.vocab_size}, sha256 `{ds.sha256}`",
       f"model `{t.model}`, {t.steps} steps of batch {t.batch_size}, warm-up {warmup} then cosine to "
-      f"{t.final_lr_fraction:g} x peak, b2 {t.b2:g}, b1 "
-      f"{own_b1 if t.b1 is None else format(t.b1, 'g')}, PipeDream-LR T_c = {t.pipemare_fraction:.1%} of "
+      f"{t.final_lr_fraction:g} x peak, b2 {settings.get('b2', 0.999):g}, b1 "
+      f"{b1}, PipeDream-LR T_c = {t.pipemare_fraction:.1%} of "
       f"training; learning rates {dict(preset.learning_rates)}"
       + (f", tuned (second reading) {dict(preset.tuned_rates)}" if preset.tuned_rates else ""),
       f"smoothing: centred window of {2 * metrics.half_window(window) + 1} steps; a diverged or "

@@ -1,9 +1,10 @@
 """The sweep's command line: its flags, and the one table (``CONFIG_FLAGS``) that maps a flag to the
-``RunConfig`` field it sets.
+``RunConfig`` field or the run setting it sets.
 
-A flag of ``CONFIG_FLAGS`` sets its field in the preset's template (every run), or, where it names
-``applies``, in the runs of the methods it applies to (the others keep their names and runs). Its
-range is checked here, naming the flag; ``RunConfig.validate`` checks the rest of every run.
+A flag of ``CONFIG_FLAGS`` sets its field in the preset's template (every run), or its run setting
+(``experiments.harness.optimizers.SETTINGS``) in the optimizer of every method that takes it
+(``Preset.settings``; the others keep their names and runs). Its range is checked here, naming the
+flag; the optimizer's value checks its own, and ``RunConfig.validate`` the rest of every run.
 The other flags choose what runs (methods, depths, seeds, rates, ablations) and where results go.
 """
 
@@ -17,6 +18,7 @@ from experiments import cli
 from experiments.harness import methods as methods_lib
 from experiments.harness import model as model_lib
 from experiments.harness.config import EXECUTIONS, RunConfig
+from experiments.harness.optimizers import SETTINGS
 from experiments.report import ablations as ablations_lib
 from experiments.report import curves
 from experiments.sweep import presets as presets_lib
@@ -36,17 +38,16 @@ into DIR, training nothing.
 
 @dataclasses.dataclass(frozen=True)
 class ConfigFlag:
-  """A flag that sets one ``RunConfig`` field.
+  """A flag that sets one ``RunConfig`` field, or one run setting of the optimizers.
 
   Attributes:
     flag: the command-line flag, ``--batch-size``.
-    field: the ``RunConfig`` field it sets.
+    field: the ``RunConfig`` field it sets, or the run setting (a key of
+      ``experiments.harness.optimizers.SETTINGS``) it sets in every method that takes it.
     help: its help text.
     type: argparse's type (``bool``: a switch).
     minimum: the smallest value allowed, checked here and named by the flag.
     value: the flag's value -> the field's (``--loss-chunk 0`` is ``None``, off).
-    applies: ``None`` sets the template (every run); else a test of the method
-      (its optimizer value, ``experiments.harness.optimizers``) whose runs it sets.
     choices: argparse's choices.
   """
 
@@ -56,7 +57,6 @@ class ConfigFlag:
   type: type = int
   minimum: float | None = None
   value: Callable = lambda v: v
-  applies: Callable | None = None
   choices: tuple | None = None
 
   @property
@@ -71,11 +71,6 @@ class ConfigFlag:
     return " (0: off)" if self.minimum == 0 and self.value(0) is None else ""
 
 
-def _takes(field: str):
-  """The methods whose optimizer takes the run setting ``field`` (``Spec.takes``)."""
-  return lambda m: m.takes(field)
-
-
 # Every flag that sets a RunConfig field, in --help's order within its group.
 _STUDY = (
     ConfigFlag("--batch-size", "batch_size", "micro-batch size (default: the preset's)", minimum=1),
@@ -86,7 +81,7 @@ _STUDY = (
     ConfigFlag("--width", "width", "model width (default: the model's), with heads of the model's head "
                "size", minimum=1),
     ConfigFlag("--refresh-every", "refresh_every", "basis refresh period of rotation methods (default: "
-               "each method's own, 10)", minimum=1, applies=_takes("refresh_every")),
+               "each method's own, 10)", minimum=1),
     ConfigFlag("--sampling", "sampling", "training batches: 'random' windows (default) or "
                "'single-pass' (no training token seen twice: the runs must fit in one pass over the "
                "data's training split; --data stdlib-all holds about 28M training tokens)", type=str,
@@ -100,13 +95,11 @@ _TRAINING = (
     ConfigFlag("--b2", "b2", "second-moment decay of every method (default 0.999; rotation's L, R "
                "statistics follow it)", type=float),
     ConfigFlag("--shampoo-beta", "shampoo_beta", "decay of rotation's L, R statistics, for the rotation "
-               "methods of the sweep only (default: b2); the estimation-lag study", type=float,
-               applies=_takes("shampoo_beta")),
+               "methods of the sweep only (default: b2); the estimation-lag study", type=float),
     ConfigFlag("--predict-scale", "predict_scale", "weight prediction's scale s for the '+predict' "
-               "methods of the sweep (default 1.0: extrapolate over the whole delay)", type=float,
-               applies=_takes("predict_scale")),
+               "methods of the sweep (default 1.0: extrapolate over the whole delay)", type=float),
     ConfigFlag("--dc-lambda", "dc_lambda", "delay compensation's lambda for the '+dc' methods of the "
-               "sweep (default 1.0, adaptive form)", type=float, applies=_takes("dc_lambda")),
+               "sweep (default 1.0, adaptive form)", type=float),
     ConfigFlag("--b1", "b1", "first-moment (momentum) decay of every method (default: each method's "
                "own: 0.9; Nesterov 0.99; Muon 0.95)", type=float),
     ConfigFlag("--dtype", "dtype", "activations and matmuls (default float32; bfloat16 keeps float32 "
@@ -140,7 +133,7 @@ _DIAGNOSTICS = (
     ConfigFlag("--diagnose-steps", "diagnose_steps", "length of each diagnostic window (default 16)"),
 )
 CONFIG_FLAGS = _STUDY + _TRAINING + _PIPELINE + _DIAGNOSTICS
-assert {f.field for f in CONFIG_FLAGS} <= {f.name for f in dataclasses.fields(RunConfig)}
+assert {f.field for f in CONFIG_FLAGS} <= {f.name for f in dataclasses.fields(RunConfig)} | set(SETTINGS)
 
 
 def _add(parser, flags) -> None:
@@ -248,7 +241,7 @@ def given(args) -> dict:
 def template_fields(args, template: RunConfig) -> dict:
   """The template's fields that the command line sets (flags that apply to every run); ``--steps``
   also moves evaluation and checkpoints to multiples of the new length."""
-  over = {f.field: v for f, v in given(args).items() if f.applies is None}
+  over = {f.field: v for f, v in given(args).items() if f.field not in SETTINGS}
   if args.steps is not None:
     if args.steps < template.chunk or args.steps % template.chunk:
       raise ValueError(f"--steps {args.steps} must be a positive multiple of the chunk {template.chunk}")
@@ -268,10 +261,9 @@ def template_fields(args, template: RunConfig) -> dict:
   return over
 
 
-def method_fields(args, method: str) -> dict:
-  """The fields that the command line sets in ``method``'s runs alone (``ConfigFlag.applies``)."""
-  m = methods_lib.check_method(method)
-  return {f.field: v for f, v in given(args).items() if f.applies is not None and f.applies(m)}
+def settings(args) -> tuple:
+  """The run settings that the command line sets (``Preset.settings``)."""
+  return tuple((f.field, v) for f, v in given(args).items() if f.field in SETTINGS)
 
 
 def learning_rates(preset, values):
@@ -309,6 +301,7 @@ def make_preset(args) -> presets_lib.Preset:
   preset = presets_lib.PRESETS[args.preset]
   return dataclasses.replace(preset, template=dataclasses.replace(
       preset.template, **template_fields(args, preset.template)),
+      settings=(*preset.settings, *settings(args)),
       learning_rates=learning_rates(preset, args.lr),
       # a chosen rate replaces the preset's tuned readings
       tuned_rates=() if args.lr or args.tune_lr else preset.tuned_rates)

@@ -74,8 +74,6 @@ def make_plan(args) -> Plan:
 
   def make(seed):
     def config(method, p, **kw):
-      for field, value in flags.method_fields(args, method).items():
-        kw.setdefault(field, value)  # the flags of some methods only: the others keep their runs
       c = preset.config(method, p, seed, **kw)
       c.validate()
       return c

@@ -7,7 +7,7 @@ import pathlib
 
 from experiments.harness import methods as methods_lib
 from experiments.harness.config import RunConfig
-from experiments.harness.optimizers import Rotation
+from experiments.harness.optimizers import SETTINGS, Rotation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +38,9 @@ class Preset:
       with at least as many seeds (``experiments.report.published``).
     data: the corpus when ``--data`` is not given (``experiments.harness.data.load``'s argument;
       ``None``: the default corpus).
+    settings: run settings (``experiments.harness.optimizers.SETTINGS``: ``(("b2", 0.99),)``)
+      applied to the optimizer of every method that takes them (the sweep's ``--b1``, ``--b2``,
+      ``--shampoo-beta``, ...); the others keep their runs.
   """
 
   name: str
@@ -54,6 +57,7 @@ class Preset:
   plumbing: bool = False
   published: str | None = None
   data: str | None = None
+  settings: tuple[tuple[str, object], ...] = ()
 
   def published_folder(self) -> pathlib.Path | None:
     """``published`` in this checkout, if it holds the study's curves (an installed copy may not)."""
@@ -70,8 +74,13 @@ class Preset:
     return table["default"]
 
   def config(self, method: str, stages: int, seed: int, **overrides) -> RunConfig:
-    """The run of ``method`` at P = ``stages``: the template, the method's rate, ``overrides``."""
-    fields = dict(method=method, stages=stages, seed=seed, lr=self.learning_rate(method))
+    """The run of ``method`` at P = ``stages``: the template, the method's rate, its optimizer with
+    the preset's ``settings`` it takes, then ``overrides`` (``RunConfig`` fields and run settings,
+    which the method must take: ``methods.spec``)."""
+    settings = {k: v for k, v in self.settings if methods_lib.check_method(method).takes(k)}
+    settings.update({k: overrides.pop(k) for k in list(overrides) if k in SETTINGS})
+    fields = dict(optimizer=methods_lib.spec(method, **settings), stages=stages, seed=seed,
+                  lr=self.learning_rate(method))
     return dataclasses.replace(self.template, **{**fields, **overrides})
 
   def window(self, steps: int | None = None) -> int:
