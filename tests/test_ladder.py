@@ -61,6 +61,22 @@ def test_the_rate_rule_per_width_with_the_check_at_width_32():
                              "rotation muon --seeds 12 --out R/confirmatory")
 
 
+def test_a_sweep_whose_runs_ran_here_is_not_asked_again():
+  """Seed 12's first sweep (width 32, P = 16 at its rates, which trains P = 1 at them too) ran on
+  CPU "cpu A": the queue there goes on with the next one, and a queue on another type does not."""
+  w, s = 32, 12
+  first = [_run(m, p, CHOSEN[w][m][16], s, w, ladder.T, 2.0) for m in ladder.METHODS for p in ladder.STAGES]
+  tune = {"widths": {}, "chosen": CHOSEN}
+  ask = lambda runs, cpu="cpu A": ladder.sweeps(tune, "R", [s], ladder.ran_on(runs, cpu))
+  every = ask([])
+  assert len(every) == 2 * len(ladder.WIDTHS)  # rotation's P = 1 rate differs from its P = 16 rate
+  assert ask(first) == every[1:] and "--stages 1 --lr rotation=0.003 " in every[1]
+  assert ask(first, "cpu B") == every
+  assert ask(first[:-1]) == every  # one run short: the sweep is asked again
+  diverged = [dict(r, status="diverged") if r["config"]["method"] == "muon" else r for r in first]
+  assert ask(diverged) == every[1:]  # a run that diverged ran: the report credits it with nothing
+
+
 CHOSEN = {w: {m: {1: 3e-3, 16: 1e-3 if m == "rotation" else 3e-3} for m in ladder.METHODS}
           for w in ladder.WIDTHS}
 

@@ -115,9 +115,23 @@ def seed_order(chosen: dict, runs, here: str) -> list:
   return tuned_rates.order_of_seeds(held, need, SEEDS, here)
 
 
-def sweeps(result: dict, results: str, order=SEEDS) -> list:
+def ran_on(runs, here: str) -> set:
+  """``{(seed, width, method, P, rate as %g)}`` of the confirmatory-length runs that ran to their end
+  (finished or diverged) on CPU type ``here``: a sweep of those is not trained there again."""
+  out = set()
+  for r in runs:
+    c = r["config"]
+    if (c["steps"] == T and c["seed"] in SEEDS and r.get("status") in ("finished", "diverged")
+            and (r.get("host") or {}).get("cpu") == here):
+      out.add((c["seed"], width_of(c), c["method"], c["stages"], f"{c['lr']:g}"))
+  return out
+
+
+def sweeps(result: dict, results: str, order=SEEDS, ran=frozenset()) -> list:
   """The sweep commands still to run: the tuning (per width and rate), the check, then (once every
-  rate is chosen) the confirmatory runs, seed by seed in ``order`` and width by width."""
+  rate is chosen) the confirmatory runs, seed by seed in ``order`` and width by width: two sweeps
+  per (seed, width), P = 16 at its rates (which trains P = 1 at them too) and P = 1 at the rates
+  that differ, each left out once the runs it is for have run here (``ran_on``)."""
   out = []
   for w, per in result["widths"].items():
     for stage, steps, folder in (("stage1", TUNE_T, "tune"), ("stage2", T, "check")):
@@ -130,11 +144,13 @@ def sweeps(result: dict, results: str, order=SEEDS) -> list:
   chosen = result["chosen"]
   for s in order if chosen else ():
     for w in WIDTHS:
-      rates = " ".join(f"{m}={chosen[w][m][TOP]:g}" for m in METHODS)
-      out.append(f"{SWEEP} --width {w} --stages {TOP} --lr {rates} --methods {' '.join(METHODS)} --seeds "
-                 f"{s} --out {results}/confirmatory")
       apart = [m for m in METHODS if chosen[w][m][1] != chosen[w][m][TOP]]
-      if apart:
+      wanted = lambda ps: any((s, w, m, p, f"{chosen[w][m][p]:g}") not in ran for m, p in ps)
+      rates = " ".join(f"{m}={chosen[w][m][TOP]:g}" for m in METHODS)
+      if wanted([(m, TOP) for m in METHODS] + [(m, 1) for m in METHODS if m not in apart]):
+        out.append(f"{SWEEP} --width {w} --stages {TOP} --lr {rates} --methods {' '.join(METHODS)} "
+                   f"--seeds {s} --out {results}/confirmatory")
+      if apart and wanted([(m, 1) for m in apart]):
         out.append(f"{SWEEP} --width {w} --stages 1 --lr "
                    + " ".join(f"{m}={chosen[w][m][1]:g}" for m in apart)
                    + f" --methods {' '.join(apart)} --seeds {s} --out {results}/confirmatory")
@@ -384,7 +400,7 @@ def main(argv=None) -> dict:
   order = seed_order(tune["chosen"], everything, here) if tune["chosen"] else SEEDS
   result = (study(everything, tune["chosen"], WINDOW) if tune["chosen"] else
             {"seeds": {}, "left_out": {}, "claims": [], "decided": [], "gains": {}})
-  commands = sweeps(tune, args.results, order)
+  commands = sweeps(tune, args.results, order, ran_on(everything, here))
   out = out_folder(args, commands)
   if out is None:
     return result
