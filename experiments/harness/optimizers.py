@@ -111,12 +111,20 @@ class Spec(abc.ABC):
     """What a run of this value is called: its method's name, else its kind's."""
     return self.name or self.KIND
 
+  def _own_knobs(self, setting: str) -> tuple:
+    """The fields of this value itself that the run setting ``setting`` sets."""
+    return tuple(f for f in dataclasses.fields(self) if f.metadata.get(SETTING) == setting)
+
+  def _holder(self, setting: str) -> Spec:
+    """The value whose fields ``setting`` sets: this one (a remedy: else the optimizer it wraps)."""
+    return self
+
   def _knobs(self, setting: str) -> tuple:
-    return tuple(f.name for f in dataclasses.fields(self) if f.metadata.get(SETTING) == setting)
+    return self._holder(setting)._own_knobs(setting)
 
   def always(self, setting: str) -> bool:
     """Whether ``setting`` is written even at its method's value (``knob``)."""
-    return any(f.metadata.get(ALWAYS) for f in dataclasses.fields(self) if f.name in self._knobs(setting))
+    return any(f.metadata.get(ALWAYS) for f in self._knobs(setting))
 
   def takes(self, setting: str) -> bool:
     """Whether the run setting ``setting`` reaches this optimizer."""
@@ -126,14 +134,15 @@ class Spec(abc.ABC):
     """The run settings this optimizer takes, in ``SETTINGS``' order (a kind's own after them)."""
     return _ordered(f.metadata[SETTING] for f in dataclasses.fields(self) if SETTING in f.metadata)
 
-  def setting(self, setting: str):
-    """The value of the run setting ``setting`` in this optimizer (``None``: it takes none)."""
-    knobs = self._knobs(setting)
-    return getattr(self, knobs[0]) if knobs else None
-
   def setting_values(self, setting: str) -> tuple:
     """The values of every field that the run setting ``setting`` sets (Muon's ``b1``: two)."""
-    return tuple(getattr(self, k) for k in self._knobs(setting))
+    holder = self._holder(setting)
+    return tuple(getattr(holder, f.name) for f in self._knobs(setting))
+
+  def setting(self, setting: str):
+    """The value of the run setting ``setting`` in this optimizer (``None``: it takes none)."""
+    values = self.setting_values(setting)
+    return values[0] if values else None
 
   def overridden(self, **settings) -> Spec:
     """This value with the run's settings that are not ``None`` applied; a setting it does not
@@ -144,7 +153,7 @@ class Spec(abc.ABC):
         continue
       if not self.takes(name):
         raise KeyError(name)
-      changes.update(dict.fromkeys(self._knobs(name), value))
+      changes.update(dict.fromkeys((f.name for f in self._knobs(name)), value))
     return dataclasses.replace(self, **changes) if changes else self
 
   def settings_from(self, method: Spec) -> dict | None:
@@ -319,24 +328,14 @@ class _Remedy(Spec):
   def base(self) -> Spec:
     return self.optimizer.base
 
-  def takes(self, setting: str) -> bool:
-    return super().takes(setting) or self.optimizer.takes(setting)
-
-  def setting(self, setting: str):
-    return Spec.setting(self, setting) if Spec.takes(self, setting) else self.optimizer.setting(setting)
-
-  def setting_values(self, setting: str) -> tuple:
-    own = Spec.takes(self, setting)
-    return Spec.setting_values(self, setting) if own else self.optimizer.setting_values(setting)
-
-  def always(self, setting: str) -> bool:
-    return Spec.always(self, setting) if Spec.takes(self, setting) else self.optimizer.always(setting)
+  def _holder(self, setting: str) -> Spec:
+    return self if self._own_knobs(setting) else self.optimizer._holder(setting)
 
   def run_settings(self) -> tuple:
     return _ordered((*Spec.run_settings(self), *self.optimizer.run_settings()))
 
   def overridden(self, **settings) -> Spec:
-    own = {k: v for k, v in settings.items() if Spec.takes(self, k)}
+    own = {k: v for k, v in settings.items() if self._own_knobs(k)}
     inner = self.optimizer.overridden(**{k: v for k, v in settings.items() if k not in own})
     return dataclasses.replace(super().overridden(**own), optimizer=inner)
 
