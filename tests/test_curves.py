@@ -222,3 +222,20 @@ def test_a_run_another_study_publishes_is_stored_as_a_link_and_read_back_from_th
   curves.write(tmp_path / "a" / curves.FILE, {"window": 5}, [other])
   with pytest.raises(ValueError, match="links 1 runs that '../a' does not hold \\(first 's'\\)"):
     curves.read(tmp_path / "b")
+
+
+def test_a_run_recorded_now_and_one_recorded_before_the_optimizer_value_share_a_setting():
+  """A config recorded today holds the whole optimizer value; one recorded before holds its method and
+  settings only, and older ones miss the options added since: a study that pairs them by setting
+  (``curves.setting``: the rerun study, the remedies study) sees one setting, and another optimizer
+  value or another run setting is another setting."""
+  from experiments.harness.config import RunConfig, record
+  from experiments.harness.methods import spec
+
+  now = record(RunConfig(optimizer=spec("rotation", shampoo_beta=0.95), stages=16))
+  before = {k: v for k, v in now.items() if k not in ("optimizer", "sampling", "diagnose_steps")}
+  assert "optimizer" in now and curves.setting(now, ()) == curves.setting(before, ())
+  other = record(RunConfig(optimizer=spec("rotation", shampoo_beta=0.9), stages=16))
+  assert curves.setting(other, ()) != curves.setting(now, ())
+  assert curves.setting(other, ("shampoo_beta",)) == curves.setting(now, ("shampoo_beta",))
+  assert curves.setting(record(RunConfig(optimizer=spec("muon"), stages=16)), ()) != curves.setting(now, ())
