@@ -269,7 +269,7 @@ def recorded(config: dict) -> RunConfig:
 def optimizer_of(config: dict):
   """The optimizer value of a recorded run (``RunConfig.optimizer``): what a study reads of it, with
   every default resolved there, never by the study."""
-  return recorded(config).optimizer
+  return methods.recorded(config)
 
 
 # The model's numerics, part of every run's identity: 1 for runs made with the model's own einsum

@@ -137,7 +137,7 @@ class Spec(abc.ABC):
   def setting_values(self, setting: str) -> tuple:
     """The values of every field that the run setting ``setting`` sets (Muon's ``b1``: two)."""
     holder = self._holder(setting)
-    return tuple(getattr(holder, f.name) for f in self._knobs(setting))
+    return tuple(getattr(holder, f.name) for f in holder._own_knobs(setting))
 
   def setting(self, setting: str):
     """The value of the run setting ``setting`` in this optimizer (``None``: it takes none)."""

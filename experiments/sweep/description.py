@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from experiments.harness import model as model_lib
 from experiments.harness import provenance
+from experiments.harness.methods import RECORDED
 from experiments.report import metrics
 
 
@@ -43,7 +44,7 @@ def study_meta(preset, ds, stages, command: str) -> dict:
   setting = [
       f"data: `{ds.name}`, {ds.num_tokens} tokens, vocabulary {ds.vocab_size}, sha256 `{ds.sha256}`",
       f"model `{t.model}`, {t.steps} steps of batch {t.batch_size}, warm-up {warmup} then cosine to "
-      f"{t.final_lr_fraction:g} x peak, b2 {settings.get('b2', 0.999):g}, b1 "
+      f"{t.final_lr_fraction:g} x peak, b2 {settings.get('b2', RECORDED['b2']):g}, b1 "
       f"{b1}, PipeDream-LR T_c = {t.pipemare_fraction:.1%} of "
       f"training; learning rates {dict(preset.learning_rates)}"
       + (f", tuned (second reading) {dict(preset.tuned_rates)}" if preset.tuned_rates else ""),
