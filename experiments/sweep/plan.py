@@ -65,7 +65,7 @@ def make_plan(args) -> Plan:
     raise ValueError(f"--seeds must be >= 0, got {list(seeds)}")
   if len(set(seeds)) != len(seeds):
     raise ValueError(f"--seeds has duplicates: {list(seeds)}")
-  stages = tuple(sorted(set(args.stages or preset.stages) | {1}))
+  stages = tuple(sorted(set(args.stages or preset.stages) | (set() if args.no_reference else {1})))
   if args.warmup_delays is not None:
     preset = dataclasses.replace(preset, template=dataclasses.replace(
         preset.template, warmup_steps=round(args.warmup_delays * (max(stages) - 1))))
