@@ -55,22 +55,29 @@ def test_the_rate_rule_per_width_with_the_check_at_width_32():
                             for w, r in ((32, 2e-3), (64, 2e-3), (128, 1e-3))}
   assert done["widths"][32]["rotation"]["stage2"]["moved"] == {1: True, 16: True}
   confirmatory = ladder.sweeps(done, "R")
-  assert len(confirmatory) == len(ladder.SEEDS) * len(ladder.WIDTHS)  # one rate per method at both P
-  assert confirmatory[0] == (f"{ladder.SWEEP} --width 32 --stages 16 --lr pipedream=0.002 "
-                             "nesterov=0.002 rotation=0.002 muon=0.002 --methods pipedream nesterov "
-                             "rotation muon --seeds 12 --out R/confirmatory")
+  assert len(confirmatory) == 2 * len(ladder.SEEDS) * len(ladder.WIDTHS)  # P = 16, then P = 1
+  assert confirmatory[:2] == [f"{ladder.SWEEP} --width 32 --stages {p} --lr pipedream=0.002 "
+                              "nesterov=0.002 rotation=0.002 muon=0.002 --methods pipedream nesterov "
+                              "rotation muon --seeds 12 --out R/confirmatory"
+                              for p in ("16 --no-reference", 1)]
 
 
 def test_a_sweep_whose_runs_ran_here_is_not_asked_again():
-  """Seed 12's first sweep (width 32, P = 16 at its rates, which trains P = 1 at them too) ran on
-  CPU "cpu A": the queue there goes on with the next one, and a queue on another type does not."""
+  """Seed 12's first sweep (width 32, P = 16 at its rates, no P = 1 reference) ran on CPU "cpu A":
+  the queue there goes on with the next one, and a queue on another type does not."""
   w, s = 32, 12
-  first = [_run(m, p, CHOSEN[w][m][16], s, w, ladder.T, 2.0) for m in ladder.METHODS for p in ladder.STAGES]
+  first = [_run(m, 16, CHOSEN[w][m][16], s, w, ladder.T, 2.0) for m in ladder.METHODS]
   tune = {"widths": {}, "chosen": CHOSEN}
   ask = lambda runs, cpu="cpu A": ladder.sweeps(tune, "R", [s], ladder.ran_on(runs, cpu))
   every = ask([])
-  assert len(every) == 2 * len(ladder.WIDTHS)  # rotation's P = 1 rate differs from its P = 16 rate
-  assert ask(first) == every[1:] and "--stages 1 --lr rotation=0.003 " in every[1]
+  assert len(every) == 2 * len(ladder.WIDTHS)
+  assert ask(first) == every[1:] and "--stages 1 --lr pipedream=0.003 " in every[1]
+  assert "--stages 16 --no-reference --lr pipedream=0.003 nesterov=0.003 rotation=0.001 " in every[0]
+  # a P = 1 run that trained at a P = 16 rate (as the sweeps before --no-reference did) is no P = 1 run
+  shared = [_run(m, 1, CHOSEN[w][m][16], s, w, ladder.T, 2.0) for m in ladder.METHODS]
+  assert ask(first + shared) == every[1:]
+  both = shared + [_run(m, 1, CHOSEN[w][m][1], s, w, ladder.T, 2.0) for m in ("rotation",)]
+  assert ask(first + both) == every[2:]  # the other three's rates at P = 1 are their P = 16 rates
   assert ask(first, "cpu B") == every
   assert ask(first[:-1]) == every  # one run short: the sweep is asked again
   diverged = [dict(r, status="diverged") if r["config"]["method"] == "muon" else r for r in first]

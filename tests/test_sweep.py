@@ -335,6 +335,14 @@ def test_lr_conflicts_are_errors_and_unused_methods_warn(capsys):
     sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--lr", "nesterov=1e-3"]))
 
 
+def test_no_reference_trains_the_stages_given_only():
+  plan = lambda *extra: sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--stages", "4", *extra]))
+  assert {c.stages for c in plan().main} == {1, 4} and plan().stage_counts == (1, 4)
+  alone = plan("--no-reference")
+  assert {c.stages for c in alone.main} == {4} and alone.stage_counts == (4,)
+  assert set(alone.main) < set(plan().main)  # the same runs, less P = 1
+
+
 def test_fsdp_on_one_device_is_an_error():
   with pytest.raises(ValueError, match="--fsdp shards the state over the data devices, and there is only 1"):
     sweep.make_plan(sweep.parse_args(["--preset", "smoke", "--fsdp"]))

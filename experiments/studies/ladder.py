@@ -130,8 +130,8 @@ def ran_on(runs, here: str) -> set:
 def sweeps(result: dict, results: str, order=SEEDS, ran=frozenset()) -> list:
   """The sweep commands still to run: the tuning (per width and rate), the check, then (once every
   rate is chosen) the confirmatory runs, seed by seed in ``order`` and width by width: two sweeps
-  per (seed, width), P = 16 at its rates (which trains P = 1 at them too) and P = 1 at the rates
-  that differ, each left out once the runs it is for have run here (``ran_on``)."""
+  per (seed, width), P = 16 at its rates (``--no-reference``: no P = 1 run at them, which no claim
+  reads) and P = 1 at its own, each left out once the runs it is for have run here (``ran_on``)."""
   out = []
   for w, per in result["widths"].items():
     for stage, steps, folder in (("stage1", TUNE_T, "tune"), ("stage2", T, "check")):
@@ -144,16 +144,11 @@ def sweeps(result: dict, results: str, order=SEEDS, ran=frozenset()) -> list:
   chosen = result["chosen"]
   for s in order if chosen else ():
     for w in WIDTHS:
-      apart = [m for m in METHODS if chosen[w][m][1] != chosen[w][m][TOP]]
-      wanted = lambda ps: any((s, w, m, p, f"{chosen[w][m][p]:g}") not in ran for m, p in ps)
-      rates = " ".join(f"{m}={chosen[w][m][TOP]:g}" for m in METHODS)
-      if wanted([(m, TOP) for m in METHODS] + [(m, 1) for m in METHODS if m not in apart]):
-        out.append(f"{SWEEP} --width {w} --stages {TOP} --lr {rates} --methods {' '.join(METHODS)} "
-                   f"--seeds {s} --out {results}/confirmatory")
-      if apart and wanted([(m, 1) for m in apart]):
-        out.append(f"{SWEEP} --width {w} --stages 1 --lr "
-                   + " ".join(f"{m}={chosen[w][m][1]:g}" for m in apart)
-                   + f" --methods {' '.join(apart)} --seeds {s} --out {results}/confirmatory")
+      for p, extra in ((TOP, " --no-reference"), (1, "")):
+        if any((s, w, m, p, f"{chosen[w][m][p]:g}") not in ran for m in METHODS):
+          out.append(f"{SWEEP} --width {w} --stages {p}{extra} --lr "
+                     + " ".join(f"{m}={chosen[w][m][p]:g}" for m in METHODS)
+                     + f" --methods {' '.join(METHODS)} --seeds {s} --out {results}/confirmatory")
   return out
 
 

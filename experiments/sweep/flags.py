@@ -154,6 +154,9 @@ def _study_flags(parser) -> None:
   parser.add_argument("--stages", nargs="+", type=int, help="pipeline depths P (default: the preset's); "
                       "P = 1 is always added as the synchronous reference (a remedy's: its optimizer's; "
                       "rotation-stage-decay's: rotation's)")
+  parser.add_argument("--no-reference", action="store_true", help="train the --stages given only, "
+                      "without the P = 1 reference (for P = 1 runs trained in a sweep of their own, at "
+                      "other rates; this sweep's report then has no slowdowns)")
   parser.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the preset's; tables: "
                       "mean and range over seeds)")
   parser.add_argument("--steps", type=int, help="steps per run (a multiple of the preset's chunk)")

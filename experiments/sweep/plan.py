@@ -23,7 +23,7 @@ class Plan:
   preset: presets_lib.Preset
   main: tuple  # RunConfigs of the main study (learning rates may be re-chosen by tuning)
   ablations: tuple  # (group name, RunConfig) pairs
-  stage_counts: tuple  # the main study's P values (1 included)
+  stage_counts: tuple  # the main study's P values (1 included unless --no-reference)
   jobs: int = 1  # runs trained at once (``resolve_jobs``)
 
 
@@ -65,7 +65,7 @@ def make_plan(args) -> Plan:
     raise ValueError(f"--seeds must be >= 0, got {list(seeds)}")
   if len(set(seeds)) != len(seeds):
     raise ValueError(f"--seeds has duplicates: {list(seeds)}")
-  stages = tuple(sorted(set(args.stages or preset.stage_counts) | {1}))
+  stages = tuple(sorted(set(args.stages or preset.stage_counts) | (set() if args.no_reference else {1})))
   if args.warmup_delays is not None:
     preset = dataclasses.replace(preset, template=dataclasses.replace(
         preset.template, warmup_steps=round(args.warmup_delays * (max(stages) - 1))))
