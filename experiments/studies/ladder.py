@@ -280,18 +280,21 @@ def figure(desc: dict, path: pathlib.Path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, ax = plt.subplots(figsize=(6.6, 4.4), dpi=100)
-  for i, m in enumerate(METHODS):
-    for p, style in ((1, "--"), (TOP, "-")):
-      pts = [(w, desc["loss"].get(f"{w} {m} P={p}")) for w in WIDTHS]
-      pts = [(w, iv["mean"]) for w, iv in pts if iv]
-      if pts:
-        ax.plot(*zip(*pts), style, marker="o", color=f"C{i}", label=f"{m}, P = {p}")
+  fig, ax = plt.subplots(figsize=(7.4, 4.4), dpi=100)
+  for i, m in enumerate(METHODS):  # P = 1 dashed with open circles, P = 16 solid with filled squares
+    for p, style, face in ((1, "--o", "white"), (TOP, "-s", f"C{i}")):
+      ivs = [(w, desc["loss"].get(f"{w} {m} P={p}")) for w in WIDTHS]
+      ivs = [(w, iv) for w, iv in ivs if iv]
+      if ivs:
+        w, mean = [w for w, _ in ivs], np.array([iv["mean"] for _, iv in ivs])
+        span = np.array([[iv["mean"] - iv["min"], iv["max"] - iv["mean"]] for _, iv in ivs]).T
+        ax.errorbar(w, mean, yerr=span, fmt=style, color=f"C{i}", markerfacecolor=face, capsize=3,
+                    label=f"{m}, P = {p}")
   ax.set_xscale("log", base=2)
   ax.set_xticks(WIDTHS, [str(w) for w in WIDTHS])
   ax.set_xlabel("width (16 blocks)")
-  ax.set_ylabel(f"final validation loss at T = {T:,} (seed mean)")
-  ax.legend(fontsize=7, ncol=2)
+  ax.set_ylabel(f"final validation loss at T = {T:,}\n(seed mean; bars: the seeds' range)")
+  ax.legend(fontsize=8, handlelength=3.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   fig.tight_layout()
   fig.savefig(path)
   plt.close(fig)
