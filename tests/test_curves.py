@@ -239,3 +239,23 @@ def test_a_run_recorded_now_and_one_recorded_before_the_optimizer_value_share_a_
   assert curves.setting(other, ()) != curves.setting(now, ())
   assert curves.setting(other, ("shampoo_beta",)) == curves.setting(now, ("shampoo_beta",))
   assert curves.setting(record(RunConfig(optimizer=spec("muon"), stages=16)), ()) != curves.setting(now, ())
+
+
+@pytest.mark.parametrize("width", [None, 64, 128])
+def test_the_regime_counts_the_models_parameters_and_the_passes_over_the_corpus(width):
+  """cpu-deep at its width (32) or another, counted by hand: per block four W x W attention kernels
+  and two W x 4W MLP kernels with their biases and two LayerNorms; token and position embeddings, a
+  final LayerNorm and the output layer with its bias (220,992 at width 32, as the studies quote)."""
+  from experiments.harness.config import RunConfig, record
+  from experiments.harness.methods import spec
+
+  config = record(RunConfig(optimizer=spec("rotation"), model="cpu-deep", width=width, steps=1000))
+  got = curves.regime({"setting": ["data: `x`, 100000 tokens, vocabulary 256, sha256 `0`"]}, config)
+  w, vocab, context, blocks = width or 32, 256, 32, 16
+  block = 4 * (w * w + w) + (w * 4 * w + 4 * w) + (4 * w * w + w) + 2 * 2 * w
+  by_hand = blocks * block + vocab * w + context * w + 2 * w + w * vocab + vocab
+  if width is None:
+    assert by_hand == 220_992
+  assert got == {"parameters": by_hand, "tokens_per_step": config["batch_size"] * context,
+                 "training_tokens": 90000, "passes": round(1000 * config["batch_size"] * context / 90000, 2)}
+  assert curves.regime({"setting": []}, config) is None

@@ -2,6 +2,8 @@
 answers: the rate rule per width with the full-length check at width 32, the sweeps it asks for,
 the confirmatory claims computed by hand from final validation losses, and the CPU rule."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -129,6 +131,17 @@ def test_the_claims_are_computed_from_final_validation_losses(tmp_path):
   assert worse["verdict"] == "refuted"  # the wider model ends lower here, stale or not
   for c in got.values():
     assert len(c["leave_one_out"]) == 4
+  # the README's table: each claim's verdict, mean and interval (at its Holm level) in its column
+  table = ladder.glance(result["decided"])
+  split = lambda line: [x.strip() for x in line.strip("|").split("|")]
+  rows = {cells[0]: cells[1:] for cells in map(split, table) if cells[0].startswith(("rotation", "without"))}
+  cell = lambda c: f"**{c['verdict']}** {c['mean']:+.3f} ({c['interval'][0]:+.3f} to {c['interval'][1]:+.3f})"
+  assert table[0] == f"## {ladder.GLANCE}" and len(rows) == 5
+  for _, claim, what in ladder.AT_EACH_WIDTH:
+    want = [cell(got[f"{claim} (width {w}; {what})"]) for w in ladder.WIDTHS]
+    assert rows[f"{claim} ({what})"] == want + [""]
+  for c in (grows, worse):
+    assert rows[c["claim"]] == ["", "", "", cell(c)]
   desc = ladder.descriptive(result["seeds"])
   assert desc["degradation"]["128 pipedream"]["mean"] == pytest.approx(0.15 * 2.0)
 
@@ -153,11 +166,17 @@ def test_the_study_rebuilds_from_the_folders_it_writes(tmp_path):
       for m in ladder.METHODS:
         for p in ladder.STAGES:
           runs.append(_run(m, p, chosen[w][m][p], s, w, ladder.T, _val(s, w, m, p)))
-  curves.write(source / curves.FILE, {"window": 60, "command": "c"}, runs)
+  setting = ["data: `x`, 100000000 tokens, vocabulary 256, sha256 `0`"]
+  curves.write(source / curves.FILE, {"window": 60, "command": "c", "setting": setting}, runs)
   first = ladder.main([str(source), "--out", str(tmp_path / "out"), "--cpu", "cpu A"])
   assert len(first["claims"]) == 11 and first["left_out"] == {}
   text = (tmp_path / "out" / "report.md").read_text()
   assert "## The claims (one Holm family)" in text and (tmp_path / "out" / "ladder.png").stat().st_size > 0
+  assert text.index(f"## {ladder.GLANCE}") < text.index("## The claims (one Holm family)")
+  models = json.loads((tmp_path / "out" / "summary.json").read_text())["models"]
+  assert {w: m["parameters"] for w, m in models.items()} == {"32": 220_992, "64": 834_944, "128": 3_242_496}
+  assert models["128"]["passes"] == round(ladder.T * 512 / 90_000_000, 2)  # a 10% validation split
+  assert "width 128: 3,242,496 parameters; 512 tokens a step; T = 4,800 steps read 0.03 of one pass" in text
   folders = [str(tmp_path / "out" / name) for name in ("tune", "confirmatory-cpu-a")]
   again = ladder.main(folders + ["--out", str(tmp_path / "again"), "--cpu", "cpu A"])
   assert [c["verdict"] for c in again["claims"]] == [c["verdict"] for c in first["claims"]]

@@ -6,12 +6,10 @@ a blocking factor."""
 import json
 import pathlib
 
-import jax
 import numpy as np
 import pytest
 import scipy.stats
 
-from experiments.harness import model as model_lib
 from experiments.report import claims, curves, metrics
 from experiments.studies import long_horizon as lh
 from experiments.studies import lr_grid
@@ -262,12 +260,3 @@ def test_the_best_baseline_of_every_confirmatory_seed_is_the_same_by_either_loss
     by_train = min(("pipedream", "nesterov"),
                    key=lambda b: metrics.final_smoothed(np.asarray(runs[(b, 16)]["losses"]), window))
     assert by_val == by_train == summary["seeds"][str(s)]["best_baseline"], s
-
-
-def test_the_regime_counts_the_models_parameters_and_the_passes_over_the_corpus():
-  config = {"model": "cpu-deep", "batch_size": 16, "context": None, "steps": 1000}
-  got = lh.regime({"setting": ["data: `x`, 100000 tokens, vocabulary 256"]}, config)
-  _, params = model_lib.init(model_lib.CONFIGS["cpu-deep"])
-  assert got == {"parameters": sum(x.size for x in jax.tree.leaves(params)), "tokens_per_step": 16 * 32,
-                 "training_tokens": 90000, "passes": round(1000 * 512 / 90000, 2)}
-  assert lh.regime({"setting": []}, config) is None

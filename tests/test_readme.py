@@ -330,6 +330,53 @@ def test_the_readme_says_no_more_of_the_long_horizon_than_its_confirmatory_summa
   assert _long_horizon_problems(README, decided)  # today's README says no verdict
 
 
+def _ladder_problems(readme: str, summary: dict) -> list:
+  """What the README's width-ladder sentences (between ``<!-- ladder -->`` and ``<!-- /ladder -->``)
+  say that docs/results/ladder/summary.json does not: before its verdicts, no verdict word and "no
+  result yet"; after, the claims at a glance as a table generated from its report, and every verdict
+  word in a quote "MEAN (LEVEL% CI LO to HI, VERDICT" of the claim with that mean, level, interval
+  and verdict."""
+  from experiments.studies.ladder import GLANCE
+
+  text = " ".join(readme[readme.index("<!-- ladder -->"):readme.index("<!-- /ladder -->")].split())
+  words = re.findall(VERDICT, text)
+  if not summary["claims"]:
+    return ([] if "no result yet" in text else ["no 'no result yet'"]) + [
+        f"says {w} before the summary has a verdict" for w in words]
+  problems = ["still says 'no result yet'"] if "no result yet" in text else []
+  if f'<!-- generated from docs/results/ladder/report.md section "{GLANCE}" -->' not in readme:
+    problems.append("no table of the ladder's claims generated from its report")
+  number = r"([+-]?\d+\.\d+)"
+  quotes = re.findall(rf"{number} \((\d+(?:\.\d+)?)% CI {number} to {number}, ({VERDICT})", text)
+  if len(quotes) != len(words):
+    problems.append(f"{len(words) - len(quotes)} verdict word(s) outside a quote of a claim")
+  same = lambda x, quoted: round(x, len(quoted.split(".")[1]) if "." in quoted else 0) == float(quoted)
+  for mean, level, lo, hi, verdict in quotes:
+    if not any(same(c["mean"], mean) and same(c["level"] * 100, level) and same(c["interval"][0], lo)
+               and same(c["interval"][1], hi) and c["verdict"] == verdict for c in summary["claims"]):
+      problems.append(f"no claim {mean} ({level}% CI {lo} to {hi}, {verdict}")
+  return problems
+
+
+def test_the_readme_says_no_more_of_the_ladder_than_its_summary():
+  assert _ladder_problems(README, _summary("ladder")) == []
+  # the check itself, on a summary with verdicts
+  claim = lambda mean, verdict: {"claim": "c", "mean": mean, "verdict": verdict, "level": 1 - 0.05 / 11,
+                                 "interval": [mean - .05, mean + .05]}
+  decided = {"claims": [claim(0.31, "reproduced"), claim(-0.004, "inconclusive")]}
+  table = '<!-- generated from docs/results/ladder/report.md section "The ladder at a glance" -->'
+  good = ("<!-- ladder --> Rotation ends below the best baseline by +0.310 (99.5% CI +0.260 to +0.360, "
+          "reproduced) and ties Muon, -0.004 (99.5% CI -0.054 to +0.046, inconclusive). <!-- /ladder -->")
+  assert _ladder_problems(good + table, decided) == []
+  assert len(_ladder_problems(good.replace("reproduced", "refuted") + table, decided)) == 1
+  assert len(_ladder_problems(good.replace("+0.310", "+0.320") + table, decided)) == 1
+  assert len(_ladder_problems(good.replace("99.5%", "95%") + table, decided)) == 2
+  assert len(_ladder_problems(good + table, {"claims": []})) == 3  # two verdict words, no "not yet"
+  assert len(_ladder_problems(good, decided)) == 1  # no table
+  stray = good.replace("ties Muon", "so rotation is reproduced as better; it ties Muon")
+  assert _ladder_problems(stray + table, decided) == ["1 verdict word(s) outside a quote of a claim"]
+
+
 def test_attention_and_scanned_stack_recipe_rotates_each_layer_as_the_paper_does():
   scope = _run(RECIPES[0], "docs/recipes.md attention recipe")
   losses = np.asarray(scope["losses"])

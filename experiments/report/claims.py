@@ -123,6 +123,16 @@ def describe(values, interval: dict | None, spec: str = "{:.2f}") -> str:
                  if interval["ci95"] else "")
 
 
+def glance(c: Claim, spec: str = "{:+.2f}") -> str:
+  """``c`` as one cell of a README's claims-at-a-glance table: the verdict in bold, the mean (geometric
+  for ratios) and its interval at the claim's level; or the verdict and why there is no interval."""
+  iv = c.interval
+  if iv is None or iv["ci95"] is None:
+    return f"{c.verdict} ({c.why})"
+  f = spec.format
+  return f"**{c.verdict}** {f(iv['mean'])} ({f(iv['ci95'][0])} to {f(iv['ci95'][1])})"
+
+
 def decide(c: Claim, p_holm: float | None = None, level: float = 0.95, family: int = 1) -> Claim:
   """``c`` with its verdict, interval (at ``level``) and evidence, given its adjusted p-value
   (default: its own, a family of one)."""

@@ -34,6 +34,8 @@ import re
 
 import numpy as np
 
+from experiments.harness import config as config_lib
+from experiments.harness import model as model_lib
 from experiments.harness.config import OPTIONAL_FIELDS
 
 FILE = "curves.json.xz"
@@ -230,6 +232,23 @@ def compact(run: dict, block: int) -> dict:
   out["val_losses"] = [None if not math.isfinite(v) else v for v in run["val_losses"]]
   return {**out, "losses": _round(means, LOSS_DECIMALS),
           "loss_every": block, "num_losses": len(x)}
+
+
+def regime(meta: dict, config: dict) -> dict | None:
+  """What a run trained, for an answer's first sentence: its model's parameters (at the run's width,
+  depth and context), tokens a step, the training split's tokens (the corpus's, as ``meta``'s
+  ``setting`` line records them, less the 10% validation split) and how many times its horizon
+  passes over them; ``None`` for runs that record no corpus size or no named model."""
+  found = re.search(r"(\d+) tokens, vocabulary (\d+)", " ".join(meta.get("setting", [])))
+  if not found or config.get("model") not in model_lib.CONFIGS:
+    return None
+  total, vocab = int(found.group(1)), int(found.group(2))
+  train = total - int(total * 0.1)  # data._split's validation fraction
+  run = config_lib.recorded(config)
+  cfg = run.model_config(vocab)
+  per_step = run.batch_size * cfg.context
+  return {"parameters": model_lib.count_params(model_lib.abstract_params(cfg)), "tokens_per_step": per_step,
+          "training_tokens": train, "passes": round(run.steps * per_step / train, 2)}
 
 
 def setting(config: dict, free) -> str:

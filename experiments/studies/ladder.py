@@ -214,17 +214,20 @@ def gains(runs_: dict, window: int) -> dict:
   return out
 
 
+# The claims made at each width: (``per_seed``'s field, the claim, what is measured), in the family's order.
+AT_EACH_WIDTH = (
+    ("lead", "rotation ends below the best baseline at P = 16", "its loss minus rotation's, > 0"),
+    ("lead_muon", "rotation ends below Muon at P = 16", "Muon's loss minus rotation's, > 0"),
+    ("degradation_gap", "rotation loses less to staleness than the best baseline",
+     "the baseline's P = 16 minus P = 1 loss, minus rotation's, > 0"))
+
+
 def claim_values(rows: list) -> list:
-  """``[(claim, values)]`` of the family, from each seed's ``per_seed`` row."""
+  """``[(claim, values)]`` of the family, from each seed's ``per_seed`` row: ``AT_EACH_WIDTH`` width by
+  width, then the two across widths."""
   d = lambda a, b: None if a is None or b is None else a - b
-  out = []
-  for w in WIDTHS:
-    out += [(f"rotation ends below the best baseline at P = 16 (width {w}; its loss minus rotation's, > 0)",
-             [r["lead"][w] for r in rows]),
-            (f"rotation ends below Muon at P = 16 (width {w}; Muon's loss minus rotation's, > 0)",
-             [r["lead_muon"][w] for r in rows]),
-            (f"rotation loses less to staleness than the best baseline (width {w}; the baseline's P = 16 "
-             "minus P = 1 loss, minus rotation's, > 0)", [r["degradation_gap"][w] for r in rows])]
+  out = [(f"{claim} (width {w}; {what})", [r[field][w] for r in rows])
+         for w in WIDTHS for field, claim, what in AT_EACH_WIDTH]
   out += [("rotation's P = 16 lead over the best baseline grows with width (at 128 minus at 32, > 0)",
            [d(r["lead"][WIDTHS[-1]], r["lead"][WIDTHS[0]]) for r in rows]),
           ("without rotation, wider models end worse at P = 16 (the best baseline's loss at 128 minus at "
@@ -258,6 +261,30 @@ def study(runs, chosen: dict, window: int) -> dict:
                 "rests_on_one_seed": [x["left_out"] for x in loo if x["verdict"] != c.verdict]})
   secondary = {s: gains(r, window) for s, r in seeds.items()}
   return {"seeds": rows, "left_out": left, "claims": out, "decided": decided, "gains": secondary}
+
+
+GLANCE = "The ladder at a glance"
+
+
+def glance(decided: list) -> list:
+  """The family as one table for the README: a row per claim, a column per width and one for the
+  claims across widths; each cell the verdict, the seed mean and its interval at the claim's Holm
+  level (``decided`` in ``claim_values``' order)."""
+  each, k = len(AT_EACH_WIDTH), len(AT_EACH_WIDTH) * len(WIDTHS)
+  cell = lambda c: claims.glance(c, "{:+.3f}")
+  lines = [f"## {GLANCE}", "",
+           f"Final validation loss at T = {T:,} under 1F1B with weight stashing, each (method, P, width) at "
+           "its own tuned rate: the verdict under docs/protocol.md (one Holm family of "
+           f"{len(decided)}), the mean over seeds {SEEDS[0]}-{SEEDS[-1]} and its interval at the claim's "
+           "Holm level. The best baseline: PipeDream or Nesterov, whichever has the lower final smoothed "
+           "training loss at P = 16 (the protocol's definition).",
+           "", "| claim | " + " | ".join(f"width {w}" for w in WIDTHS)
+           + f" | {WIDTHS[-1]} minus {WIDTHS[0]} |",
+           "|---|" + "---|" * (len(WIDTHS) + 1)]
+  lines += [f"| {claim} ({what}) | " + " | ".join(cell(c) for c in decided[i:k:each]) + " |  |"
+            for i, (_, claim, what) in enumerate(AT_EACH_WIDTH)]
+  lines += [f"| {c.claim} | " + " | " * len(WIDTHS) + f"{cell(c)} |" for c in decided[k:]]
+  return lines + [""]
 
 
 def descriptive(rows: dict) -> dict:
@@ -308,13 +335,23 @@ def _iv(iv, spec="{:.4f}") -> str:
   return text + (f", 95% CI {spec.format(lo)} to {spec.format(hi)}" if iv["ci95"] else "")
 
 
-def report(result: dict, tune: dict, commands: list, command: str, hosts, desc: dict) -> str:
+def _models_line(trained: dict) -> list:
+  if not trained:
+    return []
+  one = next(iter(trained.values()))  # tokens a step and the corpus are every width's
+  sizes = "; ".join(f"width {w}: {r['parameters']:,} parameters" for w, r in trained.items())
+  return [f"- the models: {sizes}; {one['tokens_per_step']} tokens a step; T = {T:,} steps read "
+          f"{one['passes']} of one pass over the {one['training_tokens']:,} training tokens (none twice)"]
+
+
+def report(result: dict, tune: dict, commands: list, command: str, hosts, desc: dict, trained: dict) -> str:
   lines = ["# The width ladder (protocol amendment 10)", "", f"- made by `{command}`",
            "- runs from " + ("one CPU: " if len(hosts) <= 1 else "**more than one CPU**: ")
            + curves.hosts_text(hosts),
            f"- widths {', '.join(map(str, WIDTHS))} at 16 blocks, P = 1 and {TOP} (1F1B, weight stashing), "
            f"T = {T:,}, the whole standard library seen once; tuning on seed {TUNING_SEED} at {TUNE_T:,} "
            f"steps (width {CHECK_WIDTH} checked at {T:,}); confirmatory seeds {SEEDS[0]}-{SEEDS[-1]}",
+           *_models_line(trained),
            "- each width's tuning counted on: " + ", ".join(f"{w}: {cpu or 'no run yet'}"
                                                             for w, cpu in tune["cpus"].items()),
            "- seeds counted: " + (", ".join(map(str, result["seeds"])) or "none yet")
@@ -346,7 +383,7 @@ def report(result: dict, tune: dict, commands: list, command: str, hosts, desc: 
     lines += [f"**Interim: {len(result['seeds'])} of {len(SEEDS)} seeds counted, no verdict.** The "
               "verdicts are drawn on all four seeds at once.", ""]
   else:
-    lines += ["## The claims (one Holm family)", "",
+    lines += glance(result["decided"]) + ["## The claims (one Holm family)", "",
               "| claim | threshold | evidence | verdict | leave one seed out (seed: mean, p, verdict) |",
               "|---|---|---|---|---|"]
     for c, s in zip(result["decided"], result["claims"]):
@@ -406,20 +443,33 @@ def main(argv=None) -> dict:
   command = f"python -m experiments.studies.ladder {' '.join(folders)} --cpu '{here}' --out {out}"
   desc = descriptive(result["seeds"])
   hosts = curves.hosts_of(everything)
+  trained = models(sources, everything)
   if desc["loss"]:
     figure(desc, out / "ladder.png")
-  (out / "report.md").write_text(report(result, tune, commands, command, hosts, desc))
+  (out / "report.md").write_text(report(result, tune, commands, command, hosts, desc, trained))
   summary = {"command": command, "hosts": hosts, "chosen": tune["chosen"], "tuning": tune["widths"],
              "tuning_cpus": {str(w): cpu for w, cpu in tune["cpus"].items()},
              "sweeps_to_run": commands,
              "seeds": {str(s): r for s, r in result["seeds"].items()},
              "left_out": {str(s): w for s, w in result["left_out"].items()}, "claims": result["claims"],
-             "final_validation": desc, "secondary_gains": {str(s): g for s, g in result["gains"].items()}}
+             "final_validation": desc, "secondary_gains": {str(s): g for s, g in result["gains"].items()},
+             "models": {str(w): r for w, r in trained.items()}}
   write_summary(out, summary)
   print(f"wrote {out}/report.md: " + ("; ".join(f"{c['claim']}: {c['verdict']}" for c in result["claims"])
                                       or f"{len(result['seeds'])} of {len(SEEDS)} seeds counted; "
                                       f"{len(commands)} sweeps still to run"))
   return result
+
+
+def models(sources: list, runs) -> dict:
+  """``{width: curves.regime}`` of the ladder's models at the horizon ``T`` (from the first run held
+  at each width and the corpus its sources record)."""
+  meta = curves.read(sources[0])["meta"] if sources else {}
+  first = {}
+  for r in runs:
+    first.setdefault(width_of(r["config"]), r["config"])
+  found = {w: curves.regime(meta, {**first[w], "steps": T}) for w in WIDTHS if w in first}
+  return {w: r for w, r in found.items() if r}
 
 
 def _gather(sources: list, keep, block: int, cpu=None) -> tuple[dict, list]:

@@ -29,12 +29,10 @@ import argparse
 import json
 import math
 import pathlib
-import re
 
 import numpy as np
 
 from experiments import cli
-from experiments.harness import model as model_lib
 from experiments.harness.methods import BASELINES
 from experiments.report import claims, curves, metrics
 from experiments.report.tables import curve_of
@@ -148,21 +146,6 @@ def final_validation(seeds: dict) -> dict:
           "degradation": {m: over(lambda v, m=m: v[(m, TOP)] - v[(m, 1)]) for m in METHODS},
           "difference": {f"{a} minus {b}": over(lambda v, a=a, b=b: v[(a, TOP)] - v[(b, TOP)])
                          for a, b in DIFFERENCES}}
-
-
-def regime(meta: dict, config: dict) -> dict | None:
-  """What was trained, for the answer's first sentence: the model's parameters, tokens a step, the
-  training split's tokens (the corpus's, as its ``setting`` line records them, less the 10%
-  validation split) and how many times the horizon passes over them."""
-  found = re.search(r"(\d+) tokens", " ".join(meta.get("setting", [])))
-  if not found or config.get("model") not in model_lib.CONFIGS:
-    return None  # runs that record no corpus size or no named model: nothing to say
-  total = int(found.group(1))
-  train = total - int(total * 0.1)  # data._split's validation fraction
-  cfg = model_lib.CONFIGS[config["model"]]
-  per_step = config["batch_size"] * (config["context"] or cfg.context)
-  return {"parameters": model_lib.count_params(model_lib.abstract_params(cfg)), "tokens_per_step": per_step,
-          "training_tokens": train, "passes": round(config["steps"] * per_step / train, 2)}
 
 
 def _block_curve(run: dict) -> dict:
@@ -314,7 +297,7 @@ def main(argv=None) -> dict:
   same = one_rate(everything, rates, window) if result["decided"] else None
   first = next(iter(result["used"].values()), {})
   meta = next(iter(merged.values()))["meta"]
-  trained = regime(meta, next(iter(first.values()))["config"]) if first else None
+  trained = curves.regime(meta, next(iter(first.values()))["config"]) if first else None
   (out / "report.md").write_text(report(result, rates, command, hosts, cost, finals, same, trained))
   summary = {"command": command, "hosts": hosts, "compute": cost,
              "rates": {f"{m} P={p}": r for (m, p), r in rates.items()},

@@ -182,14 +182,7 @@ def glance_section(glance: dict) -> list:
     cells = []
     for s, p in settings:
       c = glance.get((row, s, p))
-      iv = c.interval if c is not None else None
-      if c is None:
-        cells.append("")
-      elif iv is None or iv["ci95"] is None:
-        cells.append(f"{c.verdict} ({c.why})")
-      else:
-        f = spec.format
-        cells.append(f"**{c.verdict}** {f(iv['mean'])} ({f(iv['ci95'][0])} to {f(iv['ci95'][1])})")
+      cells.append("" if c is None else claims_lib.glance(c, spec))
     if any(cells):
       lines.append(f"| {name} | " + " | ".join(cells) + " |")
   return lines + [""]

@@ -200,10 +200,8 @@ def glance(gaps, decided) -> list:
   rows.update({f"{o} closes part of pipedream's gap": {} for o in OTHERS})
   for g, c in zip(gaps, decided):
     who = g["remedy"] if g["remedy"] in OTHERS else f"{g['optimizer']}+{g['remedy']}"
-    iv = c.interval
-    text = (f"{c.verdict} ({c.why})" if iv is None or iv["ci95"] is None else
-            f"**{c.verdict}** {iv['mean']:+.2f} ({iv['ci95'][0]:+.2f} to {iv['ci95'][1]:+.2f})")
-    rows.setdefault(f"{who} closes part of {g['optimizer']}'s gap", {})[(g["schedule"], g["P"])] = text
+    rows.setdefault(f"{who} closes part of {g['optimizer']}'s gap", {})[(g["schedule"], g["P"])] = (
+        claims.glance(c))
   names = {"1f1b": "1F1B", "2bw": "2BW"}
   lines = [f"## {GLANCE}", "",
            "Fraction of the optimizer's staleness gap (final validation loss, P minus P = 1) the remedy "
