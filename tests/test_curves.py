@@ -91,6 +91,13 @@ def test_compact_stores_block_means_that_read_repeats_and_compacting_twice_chang
   back = curves.read(tmp_path)["runs"][0]
   assert back["losses"][:100] == [49.5] * 100 and len(back["losses"]) == 260
   assert curves.compact(back, 100)["losses"] == once["losses"]
+  # a study reads the run alike from its full-resolution copy and from the published blocks
+  rng = np.random.default_rng(0)
+  fine = {**run, "status": "finished", "losses": list(np.round(2 + rng.random(260), 4))}
+  curves.write(tmp_path / "fine.xz", {"window": 5}, [curves.compact(fine, 10)])
+  published = curves.read(tmp_path / "fine.xz")["runs"][0]
+  assert curves.at_blocks(fine, 10)["losses"] == published["losses"]
+  assert curves.at_blocks(published, 10)["losses"] == published["losses"]
   # Merging such a file (``report --add``) stores its runs as the same blocks again, not per step.
   import lzma
   curves.write(tmp_path / "merged.xz", {"window": 5}, curves.merge([tmp_path / curves.FILE])["runs"])

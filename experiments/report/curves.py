@@ -234,6 +234,16 @@ def compact(run: dict, block: int) -> dict:
           "loss_every": block, "num_losses": len(x)}
 
 
+def at_blocks(run: dict, block: int) -> dict:
+  """``run`` with its training loss as ``block``-step block means repeated back to one value per step:
+  what ``read`` gives of a file that stores the run at that block (``compact``), so that a study reads
+  a run alike from a full-resolution copy and from its published block means."""
+  if "loss_every" in run:
+    run = {**run, "losses": np.repeat(run["losses"], run["loss_every"])[:run["num_losses"]].tolist()}
+  c = compact(run, block)
+  return {**c, "losses": np.repeat(c["losses"], block)[:c["num_losses"]].tolist()}
+
+
 def regime(meta: dict, config: dict) -> dict | None:
   """What a run trained, for an answer's first sentence: its model's parameters (at the run's width,
   depth and context), tokens a step, the training split's tokens (the corpus's, as ``meta``'s

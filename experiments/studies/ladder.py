@@ -429,7 +429,10 @@ def main(argv=None) -> dict:
     print(tuned_rates.slug(provenance.register_cpu_type(args.register_cpu)["cpu"]))
     return {}
   sources = [s for s in args.sources if (pathlib.Path(s) / curves.FILE).exists() or s.endswith(curves.FILE)]
-  everything = [r for s in sources for r in curves.read(s)["runs"]] if sources else []
+  held = [curves.read(s) for s in sources]
+  # the confirmatory runs as the report publishes them (BLOCK-step means): a rebuild reads the same
+  everything = [r if r["config"]["seed"] == TUNING_SEED else curves.at_blocks(r, BLOCK)
+                for data in held for r in data["runs"]]
   here = args.cpu or provenance.host()["cpu"]
   tune = tuning([r for r in everything if r["config"]["seed"] == TUNING_SEED], here)
   order = seed_order(tune["chosen"], everything, here) if tune["chosen"] else SEEDS
@@ -443,7 +446,7 @@ def main(argv=None) -> dict:
   command = f"python -m experiments.studies.ladder {' '.join(folders)} --cpu '{here}' --out {out}"
   desc = descriptive(result["seeds"])
   hosts = curves.hosts_of(everything)
-  trained = models(sources, everything)
+  trained = models(held[0]["meta"] if held else {}, everything)
   if desc["loss"]:
     figure(desc, out / "ladder.png")
   (out / "report.md").write_text(report(result, tune, commands, command, hosts, desc, trained))
@@ -461,10 +464,9 @@ def main(argv=None) -> dict:
   return result
 
 
-def models(sources: list, runs) -> dict:
+def models(meta: dict, runs) -> dict:
   """``{width: curves.regime}`` of the ladder's models at the horizon ``T`` (from the first run held
-  at each width and the corpus its sources record)."""
-  meta = curves.read(sources[0])["meta"] if sources else {}
+  at each width and the corpus ``meta``, a source's, records)."""
   first = {}
   for r in runs:
     first.setdefault(width_of(r["config"]), r["config"])

@@ -30,8 +30,6 @@ import json
 import math
 import pathlib
 
-import numpy as np
-
 from experiments import cli
 from experiments.harness.methods import BASELINES
 from experiments.report import claims, curves, metrics
@@ -148,15 +146,6 @@ def final_validation(seeds: dict) -> dict:
                          for a, b in DIFFERENCES}}
 
 
-def _block_curve(run: dict) -> dict:
-  """``run`` with its training loss as ``lr_grid.BLOCK``-step block means repeated back per step (how
-  a run the verdicts do not read is published), so that four curves compare at one resolution."""
-  if "loss_every" in run:
-    run = {**run, "losses": np.repeat(run["losses"], run["loss_every"])[:run["num_losses"]].tolist()}
-  c = curves.compact(run, lr_grid.BLOCK)
-  return {**c, "losses": np.repeat(c["losses"], lr_grid.BLOCK)[:c["num_losses"]].tolist()}
-
-
 def one_rate(runs, rates: dict, window: int) -> dict | None:
   """A sensitivity reading, not a verdict of amendment 8: the primary and S1 with every method at
   its P = 16 rate at both P (the P = 1 runs a sweep at that rate trained beside P = 16), every curve
@@ -166,7 +155,8 @@ def one_rate(runs, rates: dict, window: int) -> dict | None:
   seeds, _ = by_seed(runs, same)
   if set(seeds) != set(SEEDS):
     return None
-  rows = [per_seed({k: _block_curve(r) for k, r in s.items()}, window) for s in seeds.values()]
+  rows = [per_seed({k: curves.at_blocks(r, lr_grid.BLOCK) for k, r in s.items()}, window)
+          for s in seeds.values()]
   out = {"rates": {m: same[(m, TOP)] for m in METHODS}, "block": lr_grid.BLOCK}
   for name, field in ((PRIMARY, "gain"), (S1, "rotation_over_muon")):
     out[field] = claims.check(name, "> 1", [r[field] for r in rows], 1.0, log=True).summary()
