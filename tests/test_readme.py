@@ -221,7 +221,7 @@ def _answer() -> str:
   (``test_generated_tables_equal_the_reports_they_name`` holds those to their reports)."""
   start = README.index("**Does basis rotation")
   text = README[start:README.index("\n## ", start)]
-  return re.sub(r"<!-- generated from .*?<!-- end generated -->", "", text, flags=re.S)
+  return build.GENERATED.sub("", text)
 
 
 def test_every_decimal_of_the_readmes_answer_is_in_a_committed_summary():
